@@ -1,0 +1,22 @@
+"""modelcall.core: the microkernel — hook specs, plugin host, stage contracts, request state and the Kernel."""
+from modelcall.core.config import KernelConfig
+from modelcall.core.errors import (
+    ConfigError, ContextOverflow, InvalidRequest, ModelcallError, ModelNotFound, Overloaded, PluginError,
+    Unavailable,
+)
+from modelcall.core.handle import Completion, RequestHandle
+from modelcall.core.hookspecs import hookimpl, hookspec
+from modelcall.core.host import PluginHost
+from modelcall.core.kernel import Kernel
+from modelcall.core.params import SamplingParams
+from modelcall.core.plan import ModelSpec, ScheduledChunk, SchedulePlan, StepOutput
+from modelcall.core.request import Request, Status
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Completion", "ConfigError", "ContextOverflow", "InvalidRequest", "Kernel", "KernelConfig", "ModelNotFound",
+    "ModelSpec", "ModelcallError", "Overloaded", "PluginError", "PluginHost", "Request", "RequestHandle",
+    "SamplingParams", "ScheduledChunk", "SchedulePlan", "Status", "StepOutput", "Unavailable", "__version__",
+    "hookimpl", "hookspec",
+]

@@ -1,0 +1,56 @@
+"""Kernel configuration: which model, which stage implementations, and the engine's limits."""
+from __future__ import annotations
+
+import msgspec
+
+from modelcall.core.errors import ConfigError
+
+
+class KernelConfig(msgspec.Struct, kw_only=True):
+    """Everything a kernel needs to assemble itself. Unknown keys in `plugin_config` are the plugins' own.
+
+    Stage names (`tokenizer`, `runner`, `scheduler`, `kv_cache`, `sampler`) pick an
+    implementation: "auto" lets the first plugin that accepts win (installed plugins before
+    built-ins); a name asks for that implementation and the others decline.
+    """
+
+    model: str | None = None            # a Hugging Face model directory; None: the built-in demo model
+    served_model_name: str | None = None
+    dtype: str = "auto"                 # auto | float32 | bfloat16 | float16
+    kv_cache_dtype: str = "auto"        # auto: same as dtype on CUDA, bfloat16 KV on CPU for bf16 models
+    device: str = "auto"                # auto | cpu | cuda | cuda:N
+    threads: int | None = None          # torch intra-op threads on CPU; None leaves torch's choice
+    max_model_len: int | None = None    # context window; None: the model's own
+    block_size: int = 16
+    num_kv_blocks: int | None = None    # None: sized from kv_cache_memory_gb
+    kv_cache_memory_gb: float = 1.0
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048  # token budget of one step, shared by decodes and prefill chunks
+    max_queued: int = 1024
+    scheduling_policy: str = "fcfs"     # fcfs | priority
+    stream_capacity: int = 64
+    consumer_timeout_s: float = 60.0    # a stream whose consumer lags this long is aborted
+    tokenizer: str = "auto"
+    runner: str = "auto"
+    scheduler: str = "auto"
+    kv_cache: str = "auto"
+    sampler: str = "auto"
+    plugin_config: dict[str, dict] = {}
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ConfigError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
+
+    def wants(self, stage: str, name: str) -> bool:
+        """True when configuration leaves `stage` open or names `name` for it (for provider hooks)."""
+        chosen = getattr(self, stage)
+        return chosen in ("auto", name)

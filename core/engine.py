@@ -1,0 +1,207 @@
+"""The engine loop: schedule → forward (off the event loop) → apply → publish. One task, no task per token."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import anyio
+
+from modelcall.core.output import OutputState
+from modelcall.core.plan import SchedulePlan, StepOutput
+from modelcall.core.request import Request, Status
+from modelcall.core.stages import KVCachePolicy, ModelRunner, Scheduler
+from modelcall.events import (
+    EventBus, Finished, Preempted, PrefillDone, RequestFailed, RequestScheduled, StepDone, Timings,
+    TokensEmitted, Usage, now,
+)
+
+log = logging.getLogger("modelcall.engine")
+
+
+class RequestRecord:
+    """What the engine keeps beside a Request: output state and the timestamps of its stages."""
+
+    __slots__ = ("request", "output", "received", "admitted", "scheduled", "first_token", "last_token")
+
+    def __init__(self, request: Request, output: OutputState, received: float, admitted: float) -> None:
+        self.request = request
+        self.output = output
+        self.received = received
+        self.admitted = admitted
+        self.scheduled: float | None = None
+        self.first_token: float | None = None
+        self.last_token: float | None = None
+
+
+class Engine:
+    """Owns the step loop. Requests enter through `add`, leave through `abort` or their stop."""
+
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, kv: KVCachePolicy, bus: EventBus,
+                 window: int, consumer_timeout_s: float = 60.0) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.kv = kv
+        self.bus = bus
+        self.window = window
+        self.consumer_timeout_s = consumer_timeout_s
+        self.records: dict[str, RequestRecord] = {}
+        self._inbox: list[RequestRecord] = []
+        self._aborts: dict[str, str] = {}  # request id -> finish reason
+        self._wake = anyio.Event()
+        self._stopping = False
+        self.alive = False
+        self.step_count = 0
+        self.last_error: str | None = None
+
+    # ---- entry from other tasks (same event loop) ---------------------------------------
+
+    def add(self, record: RequestRecord) -> None:
+        self._inbox.append(record)
+        self._wake.set()
+
+    def abort(self, request_id: str, reason: str = "abort") -> None:
+        """End a request after the current step (its blocks may be in use by the forward now)."""
+        self._aborts.setdefault(request_id, reason)
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.records) + len(self._inbox)
+
+    # ---- the loop -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        self.alive = True
+        try:
+            while not self._stopping:
+                self._take_inbox()
+                if not self.scheduler.has_work():
+                    if not self._inbox and not self._aborts:
+                        self._wake = anyio.Event()
+                        await self._wake.wait()
+                    continue
+                await self.step()
+        finally:
+            self.alive = False
+            self._abort_all("abort")
+
+    async def step(self) -> None:
+        t0 = now()
+        plan = self.scheduler.schedule()
+        t1 = now()
+        events: list[Any] = []
+        self._note_scheduling(plan, t1, events)
+        if not plan:
+            # Nothing fits this step (e.g. every block held by requests being aborted): yield to
+            # let aborts and new arrivals in rather than spinning.
+            self.bus.publish(events)
+            await anyio.sleep(0.001)
+            return
+        try:
+            output = await anyio.to_thread.run_sync(self.runner.execute, plan)
+        except Exception as e:  # the step failed: fail its requests, keep the engine alive
+            log.exception("model step failed")
+            self.last_error = f"{type(e).__name__}: {e}"
+            for chunk in plan.chunks:
+                self._fail(chunk.request, type(e).__name__, str(e), events)
+            self.bus.publish(events)
+            return
+        t2 = now()
+        self._apply(plan, output, t2, events)
+        self.step_count += 1
+        stats = self.kv.stats()
+        events.append(StepDone(step=self.step_count, num_tokens=plan.num_tokens, num_requests=len(plan.chunks),
+                               num_waiting=self.scheduler.num_waiting, num_running=self.scheduler.num_running,
+                               kv_usage=stats.get("usage", 0.0), schedule_s=t1 - t0,
+                               forward_s=output.forward_s or (t2 - t1), step_s=now() - t0))
+        self.bus.publish(events)
+        if self.step_count % 64 == 0:
+            for rid in self.bus.stale_streams(now(), self.consumer_timeout_s):
+                self.abort(rid)
+
+    def _take_inbox(self) -> None:
+        if self._inbox:
+            inbox, self._inbox = self._inbox, []
+            for rec in inbox:
+                self.records[rec.request.request_id] = rec
+                self.scheduler.add(rec.request)
+        if self._aborts:
+            aborts, self._aborts = self._aborts, {}
+            events: list[Any] = []
+            for rid, reason in aborts.items():
+                rec = self.records.get(rid)
+                if rec is not None:
+                    self._finish(rec, reason, None, rec.output.close(), now(), events)
+            self.bus.publish(events)
+
+    def _note_scheduling(self, plan: SchedulePlan, t: float, events: list) -> None:
+        for req in plan.preempted:
+            events.append(Preempted(request_id=req.request_id, task_id=req.task_id, ts=t,
+                                    num_computed_tokens=req.num_computed_tokens))
+        for req in plan.newly_scheduled:
+            rec = self.records[req.request_id]
+            if rec.scheduled is None:
+                rec.scheduled = t
+                events.append(RequestScheduled(request_id=req.request_id, task_id=req.task_id, ts=t,
+                                               cached_tokens=req.num_cached_tokens))
+
+    def _apply(self, plan: SchedulePlan, output: StepOutput, t: float, events: list) -> None:
+        logprobs = output.logprobs
+        for i, chunk in enumerate(plan.chunks):
+            req = chunk.request
+            req.num_computed_tokens += chunk.num_new_tokens
+            self.kv.commit(req)
+            token = output.token_ids[i]
+            if token is None or req.status is Status.FINISHED:
+                continue
+            rec = self.records[req.request_id]
+            req.all_token_ids.append(token)
+            if rec.first_token is None:
+                rec.first_token = t
+                events.append(PrefillDone(request_id=req.request_id, task_id=req.task_id, ts=t, first_token_id=token))
+            rec.last_token = t
+            text, reason, stop_reason = rec.output.on_token(req, token, self.window)
+            lp = logprobs[i] if logprobs is not None else None
+            events.append(TokensEmitted(request_id=req.request_id, task_id=req.task_id, ts=t, token_ids=(token,),
+                                        text=text, logprobs=(lp,) if lp is not None else None))
+            if reason is not None:
+                self._finish(rec, reason, stop_reason, "", t, events)
+
+    def _finish(self, rec: RequestRecord, reason: str, stop_reason: Any, tail: str, t: float, events: list) -> None:
+        req = rec.request
+        if tail:
+            events.append(TokensEmitted(request_id=req.request_id, task_id=req.task_id, ts=t, token_ids=(), text=tail))
+        req.finish_reason, req.stop_reason = reason, stop_reason
+        self.scheduler.finish(req)
+        req.status = Status.FINISHED
+        del self.records[req.request_id]
+        usage = Usage(prompt_tokens=req.num_prompt_tokens, cached_tokens=req.num_cached_tokens,
+                      completion_tokens=req.num_output_tokens)
+        timings = Timings(received=rec.received, admitted=rec.admitted, scheduled=rec.scheduled,
+                          first_token=rec.first_token, last_token=rec.last_token, finished=t)
+        events.append(Finished(request_id=req.request_id, task_id=req.task_id, ts=t, reason=reason, usage=usage,
+                               timings=timings, text=rec.output.text, stop_reason=stop_reason))
+
+    def _fail(self, req: Request, error_type: str, message: str, events: list) -> None:
+        rec = self.records.pop(req.request_id, None)
+        if rec is None:
+            return
+        self.scheduler.finish(req)
+        req.status = Status.FINISHED
+        req.finish_reason = "error"
+        events.append(RequestFailed(request_id=req.request_id, task_id=req.task_id, error_type=error_type,
+                                    message=message))
+
+    def _abort_all(self, reason: str) -> None:
+        events: list[Any] = []
+        for rec in self._inbox:
+            self.records[rec.request.request_id] = rec
+            self.scheduler.add(rec.request)
+        self._inbox = []
+        for rec in list(self.records.values()):
+            self._finish(rec, reason, None, rec.output.close(), now(), events)
+        self.bus.publish(events)

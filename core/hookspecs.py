@@ -1,0 +1,112 @@
+"""The hooks a modelcall plugin can implement.
+
+Three kinds, all called at start-up, never per token:
+
+* provider hooks (`provide_*`, firstresult): return the object for one stage, or None to
+  decline. Built-ins are registered `trylast`, so an installed plugin wins; a plugin that only
+  wants to serve when configured checks `config.wants(stage, "its-name")`.
+* registration hooks (`register_*`): each plugin calls `register(...)` for every thing it adds.
+* lifecycle hooks (`startup`, `shutdown`): may be `async def`; the kernel awaits them.
+
+An implementation may take any subset of a hook's arguments, so hooks can gain arguments
+without breaking plugins.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+PROJECT = "modelcall"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# ---- provider hooks -------------------------------------------------------------------------
+
+@hookspec(firstresult=True)
+def provide_model_dir(config: Any) -> str | None:
+    """Return the model directory to load when `config.model` is None (the built-in demo model
+    builds one into the user's cache). Return None to decline."""
+
+
+@hookspec(firstresult=True)
+def provide_tokenizer(config: Any, model_dir: str) -> Any:
+    """Return a `modelcall.core.stages.Tokenizer` for the model in `model_dir`, or None."""
+
+
+@hookspec(firstresult=True)
+def provide_sampler(config: Any) -> Any:
+    """Return a `modelcall.core.stages.Sampler`, or None."""
+
+
+@hookspec(firstresult=True)
+def provide_model_runner(config: Any, model_dir: str, sampler: Any) -> Any:
+    """Return a `modelcall.core.stages.ModelRunner` that loads `model_dir` and samples with
+    `sampler`, or None. Loading may take seconds; it happens once at start-up."""
+
+
+@hookspec(firstresult=True)
+def provide_kv_cache(config: Any, spec: Any, num_blocks: int) -> Any:
+    """Return a `modelcall.core.stages.KVCachePolicy` over `num_blocks` blocks of
+    `config.block_size` tokens for the model described by `spec` (a ModelSpec), or None."""
+
+
+@hookspec(firstresult=True)
+def provide_scheduler(config: Any, kv_cache: Any) -> Any:
+    """Return a `modelcall.core.stages.Scheduler` that allocates through `kv_cache`, or None."""
+
+
+# ---- registration hooks ---------------------------------------------------------------------
+
+@hookspec
+def register_observers(register: Any, config: Any) -> None:
+    """Call `register(event_type, observer, name=None)` for each observer.
+
+    `observer(event)` runs inline after each engine step and must take microseconds; wrap slow
+    work in `modelcall.events.OffloadedObserver`. `event_type` may be a base class (`Event`
+    observes every request event) or a tuple of types."""
+
+
+@hookspec
+def register_safety_filters(register: Any, config: Any) -> None:
+    """Call `register(filter)` for each safety filter (input and/or streaming output checks)."""
+
+
+@hookspec
+def register_meters(register: Any, config: Any) -> None:
+    """Call `register(meter)` for each meter: an object with `observe(finished_event)` that
+    turns usage into a figure (a cost, a quota charge, a row in a file)."""
+
+
+@hookspec
+def register_tool_parsers(register: Any) -> None:
+    """Call `register(name, parser_factory)` for each tool-call output format."""
+
+
+@hookspec
+def register_tools(register: Any) -> None:
+    """Call `register(function)` for each tool an agent runtime may offer the model."""
+
+
+@hookspec
+def register_commands(register: Any) -> None:
+    """Call `register(name, help, configure, run)` for each CLI subcommand: `configure(parser)`
+    adds arguments to an argparse parser, `run(args)` executes and returns an exit code."""
+
+
+@hookspec
+def register_routes(register: Any, config: Any) -> None:
+    """Call `register(method, path, handler)` for each extra HTTP route of `modelcall serve`."""
+
+
+# ---- lifecycle hooks ------------------------------------------------------------------------
+
+@hookspec
+def startup(kernel: Any) -> None:
+    """The kernel assembled its stages and is about to start its engine loop. May be async."""
+
+
+@hookspec
+def shutdown(kernel: Any) -> None:
+    """The kernel stopped its engine loop. May be async."""

@@ -1,0 +1,267 @@
+"""The Kernel: assembles the stages from plugins, admits requests and runs the engine loop.
+
+    async with Kernel() as kernel:                     # the built-in demo model
+        async for event in kernel.generate("Hello", max_tokens=16):
+            ...
+"""
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import anyio
+import msgspec
+
+from modelcall.core.config import KernelConfig
+from modelcall.core.engine import Engine, RequestRecord
+from modelcall.core.errors import ContextOverflow, InvalidRequest, Overloaded, Unavailable
+from modelcall.core.handle import Completion, RequestHandle
+from modelcall.core.host import PluginHost, PluginLike
+from modelcall.core.output import OutputState
+from modelcall.core.params import SamplingParams
+from modelcall.core.plan import ModelSpec
+from modelcall.core.request import Request
+from modelcall.core.stages import KVCachePolicy, ModelRunner, Sampler, Scheduler, Tokenizer
+from modelcall.events import Event, EventBus, RequestAdmitted, RequestQueued, RequestRejected, now
+
+log = logging.getLogger("modelcall.kernel")
+
+
+class Kernel:
+    """One model, its stages, and the engine loop that serves it."""
+
+    def __init__(self, config: KernelConfig | None = None, *, plugins: Iterable[PluginLike] = (),
+                 blocked: Iterable[str] = (), load_entrypoints: bool = True, **config_fields: Any) -> None:
+        if config is not None and config_fields:
+            config = msgspec.structs.replace(config, **config_fields)
+        self.config = config or KernelConfig(**config_fields)
+        self._plugin_args = (tuple(plugins), tuple(blocked), load_entrypoints)
+        self.host: PluginHost | None = None
+        self.bus = EventBus()
+        self.tokenizer: Tokenizer
+        self.runner: ModelRunner
+        self.sampler: Sampler
+        self.kv: KVCachePolicy
+        self.scheduler: Scheduler
+        self.spec: ModelSpec
+        self.model_dir: str = ""
+        self.safety_filters: list[tuple[str, Any]] = []
+        self.meters: list[tuple[str, Any]] = []
+        self.engine: Engine | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._draining = False
+        self.started_at: float | None = None
+
+    @classmethod
+    def from_config(cls, config: KernelConfig | dict | None = None, **kwargs: Any) -> Kernel:
+        if isinstance(config, dict):
+            config = msgspec.convert(config, KernelConfig)
+        return cls(config, **kwargs)
+
+    @property
+    def model_name(self) -> str:
+        return self.config.served_model_name or self.spec.name
+
+    @property
+    def window(self) -> int:
+        return self.config.max_model_len or self.spec.max_model_len
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Kernel:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Assemble every stage from the plugins and start the engine loop."""
+        plugins, blocked, load_eps = self._plugin_args
+        self.host = host = PluginHost(plugins, blocked=blocked, load_entrypoints=load_eps)
+        cfg = self.config
+        self.model_dir = cfg.model or await anyio.to_thread.run_sync(
+            lambda: host.provide("provide_model_dir", "model", config=cfg))
+        await anyio.to_thread.run_sync(self._assemble)
+        for _plugin, args, kw in host.collect("register_observers", config=cfg):
+            event_type, observer = args[0], args[1]
+            self.bus.subscribe(event_type, observer, kw.get("name") or (args[2] if len(args) > 2 else _plugin))
+        self.safety_filters = [(p, a[0]) for p, a, _ in host.collect("register_safety_filters", config=cfg)]
+        self.meters = [(p, a[0]) for p, a, _ in host.collect("register_meters", config=cfg)]
+        self.bus.freeze()
+        self.engine = Engine(self.scheduler, self.runner, self.kv, self.bus, self.window, cfg.consumer_timeout_s)
+        await host.lifecycle("startup", kernel=self)
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._tg.start_soon(self.engine.run)
+        self.started_at = now()
+
+    def _assemble(self) -> None:
+        host, cfg = self.host, self.config
+        assert host is not None
+        self.tokenizer = host.provide("provide_tokenizer", "tokenizer", config=cfg, model_dir=self.model_dir)
+        self.sampler = host.provide("provide_sampler", "sampler", config=cfg)
+        self.runner = host.provide("provide_model_runner", "runner", config=cfg, model_dir=self.model_dir,
+                                   sampler=self.sampler)
+        self.spec = self.runner.spec
+        num_blocks = cfg.num_kv_blocks or max(
+            2, int(cfg.kv_cache_memory_gb * 2**30) // self.runner.kv_block_bytes(cfg.block_size))
+        self.runner.allocate_kv_cache(num_blocks, cfg.block_size)
+        self.kv = host.provide("provide_kv_cache", "kv_cache", config=cfg, spec=self.spec, num_blocks=num_blocks)
+        self.scheduler = host.provide("provide_scheduler", "scheduler", config=cfg, kv_cache=self.kv)
+
+    async def stop(self) -> None:
+        """Abort what is still running, stop the loop, run shutdown hooks, release the model."""
+        if self.engine is not None:
+            self.engine.stop()
+        if self._tg is not None:
+            await self._tg.__aexit__(None, None, None)
+            self._tg = None
+        if self.host is not None and self.engine is not None:
+            await self.host.lifecycle("shutdown", kernel=self)
+            self.runner.close()
+        self.engine = None
+
+    async def drain(self, timeout_s: float = 30.0) -> bool:
+        """Refuse new requests and wait for the running ones to finish; True when all did."""
+        self._draining = True
+        with anyio.move_on_after(timeout_s):
+            while self.engine is not None and self.engine.num_unfinished:
+                await anyio.sleep(0.02)
+            return True
+        return False
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None and self.engine.alive and not self._draining
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    # ---- requests -------------------------------------------------------------------------
+
+    async def submit(self, prompt: str | None = None, *, messages: list[dict] | None = None,
+                     tools: list[dict] | None = None, prompt_token_ids: list[int] | None = None,
+                     params: SamplingParams | None = None, request_id: str | None = None,
+                     task_id: str | None = None, priority: int = 0, cache_salt: str | None = None,
+                     chat_template_kwargs: dict | None = None, **param_fields: Any) -> RequestHandle:
+        """Admit one request (tokenize, check the context budget, queue it) and return its handle.
+
+        Exactly one of `prompt` (text), `messages` (chat, rendered with the model's template,
+        optionally with `tools`) or `prompt_token_ids`. Raises InvalidRequest / ContextOverflow /
+        Overloaded / Unavailable before any compute.
+        """
+        received = now()
+        rid = request_id or f"req-{uuid.uuid4().hex[:16]}"
+        try:
+            if self.engine is None or not self.engine.alive or self._draining:
+                raise Unavailable("the kernel is not accepting requests (starting, draining or stopped)")
+            if params is None:
+                params = SamplingParams.create(**param_fields)
+            elif param_fields:
+                raise InvalidRequest(f"give either params or sampling fields, not both: {sorted(param_fields)}")
+            ids = await self._prompt_ids(prompt, messages, tools, prompt_token_ids, chat_template_kwargs)
+            max_tokens = self._budget(len(ids), params)
+            if self.scheduler.num_waiting >= self.config.max_queued:
+                raise Overloaded(f"{self.scheduler.num_waiting} requests are waiting (limit {self.config.max_queued})")
+        except (InvalidRequest, Overloaded, Unavailable) as e:
+            self.bus.publish((RequestRejected(request_id=rid, task_id=task_id, status=e.status,
+                                              error_type=e.error_type, message=str(e)),))
+            raise
+        req = Request(rid, ids, params, task_id=task_id, priority=priority, arrival=received,
+                      cache_salt=cache_salt, max_tokens=max_tokens, eos_token_ids=self.spec.eos_token_ids
+                      | self.tokenizer.eos_token_ids)
+        detok = self.tokenizer.detokenizer(ids, skip_special_tokens=params.skip_special_tokens)
+        record = RequestRecord(req, OutputState(detok, params.stop, params.include_stop_str_in_output), received, now())
+        stream = self.bus.open_stream(rid, self.config.stream_capacity)
+        assert self.engine is not None
+        self.bus.publish((
+            RequestAdmitted(request_id=rid, task_id=task_id, ts=record.admitted, model=self.model_name,
+                            prompt_tokens=len(ids), max_tokens=max_tokens, priority=priority),
+            RequestQueued(request_id=rid, task_id=task_id, ts=record.admitted, num_waiting=self.scheduler.num_waiting + 1),
+        ))
+        self.engine.add(record)
+        return RequestHandle(rid, task_id, stream, self.abort, ids)
+
+    async def generate(self, prompt: str | None = None, **kwargs: Any) -> AsyncIterator[Event]:
+        """Admit a request and yield its events; leaving the loop early aborts it."""
+        handle = await self.submit(prompt, **kwargs)
+        async with handle:
+            async for event in handle:
+                yield event
+
+    async def complete(self, prompt: str | None = None, **kwargs: Any) -> Completion:
+        """Admit a request and wait for its whole completion."""
+        handle = await self.submit(prompt, **kwargs)
+        async with handle:
+            return await handle.result()
+
+    def abort(self, request_id: str) -> None:
+        """End a request; its stream ends with `Finished(reason="abort")` and its blocks are freed."""
+        if self.engine is not None:
+            self.engine.abort(request_id)
+
+    # ---- entry stage helpers ----------------------------------------------------------------
+
+    async def _prompt_ids(self, prompt: str | None, messages: list[dict] | None, tools: list[dict] | None,
+                          ids: list[int] | None, template_kwargs: dict | None) -> list[int]:
+        given = [name for name, v in (("prompt", prompt), ("messages", messages), ("prompt_token_ids", ids))
+                 if v is not None]
+        if len(given) != 1:
+            raise InvalidRequest(f"give exactly one of prompt, messages, prompt_token_ids (got {given or 'none'})",
+                                 field="prompt")
+        if ids is not None:
+            vocab = self.spec.vocab_size
+            bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab), None)
+            if bad is not None:
+                raise InvalidRequest(f"token id {bad!r} is outside the vocabulary [0, {vocab})", field="prompt_token_ids")
+            out = list(ids)
+        elif messages is not None:
+            if not messages:
+                raise InvalidRequest("messages must not be empty", field="messages")
+            tok = self.tokenizer
+            text = await anyio.to_thread.run_sync(
+                lambda: tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                                **(template_kwargs or {})))
+            out = await anyio.to_thread.run_sync(self.tokenizer.encode, text)
+        else:
+            if not isinstance(prompt, str):
+                raise InvalidRequest("prompt must be a string", field="prompt")
+            out = await anyio.to_thread.run_sync(self.tokenizer.encode, prompt)
+        if not out:
+            raise InvalidRequest("the prompt is empty (0 tokens)", field="prompt" if messages is None else "messages")
+        return out
+
+    def _budget(self, num_prompt: int, params: SamplingParams) -> int:
+        """Resolve max_tokens against the window; over budget is an error, never a silent cut."""
+        window = self.window
+        if params.max_tokens is None:
+            if num_prompt >= window:
+                raise ContextOverflow(num_prompt, 1, window)
+            max_tokens = window - num_prompt
+        else:
+            max_tokens = params.max_tokens
+            if num_prompt + max_tokens > window:
+                raise ContextOverflow(num_prompt, max_tokens, window)
+        need_blocks = math.ceil((num_prompt + max_tokens) / self.kv.block_size)
+        if need_blocks > self.kv.num_blocks:
+            raise InvalidRequest(
+                f"prompt ({num_prompt}) + max_tokens ({max_tokens}) needs {need_blocks} KV blocks but the cache "
+                f"holds {self.kv.num_blocks}; lower max_tokens or raise kv_cache_memory_gb", field="max_tokens")
+        return max_tokens
+
+    def stats(self) -> dict[str, Any]:
+        """A snapshot for /ready, /metrics and tests."""
+        eng = self.engine
+        return {
+            "running": self.scheduler.num_running if eng else 0,
+            "waiting": self.scheduler.num_waiting if eng else 0,
+            "unfinished": eng.num_unfinished if eng else 0,
+            "steps": eng.step_count if eng else 0,
+            "kv": self.kv.stats() if eng else {},
+            "observer_errors": dict(self.bus.observer_errors),
+        }

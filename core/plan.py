@@ -1,0 +1,61 @@
+"""What crosses between scheduler, runner and kernel in one engine step."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from modelcall.core.request import Request
+from modelcall.events.types import PositionLogprobs
+
+
+@dataclass(slots=True)
+class ScheduledChunk:
+    """`num_new_tokens` tokens of `request`, from position `request.num_computed_tokens` on.
+
+    `sample` is True when the chunk reaches the last known token: the runner then samples the
+    next token from the chunk's last position.
+    """
+
+    request: Request
+    num_new_tokens: int
+    sample: bool
+
+
+@dataclass(slots=True)
+class SchedulePlan:
+    """One step's work. Chunks of requests that need sampling come first is NOT promised."""
+
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)   # lost their blocks this step
+    newly_scheduled: list[Request] = field(default_factory=list)  # scheduled for the first time
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_new_tokens for c in self.chunks)
+
+    def __bool__(self) -> bool:
+        return bool(self.chunks)
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """The runner's answer, aligned with `plan.chunks`: a token (or None) per chunk."""
+
+    token_ids: list[int | None]
+    logprobs: list[PositionLogprobs | None] | None = None
+    forward_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """What the kernel and the KV policy need to know of the loaded model."""
+
+    name: str
+    max_model_len: int
+    vocab_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    device: str
+    eos_token_ids: frozenset[int] = frozenset()
+    identity: str = ""  # goes into prefix-cache keys: two models never share cached blocks

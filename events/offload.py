@@ -1,0 +1,52 @@
+"""Slow observers (databases, networks) behind a bounded queue and their own worker thread.
+
+The engine calls the wrapper inline; it only enqueues. When the queue is full the event is
+dropped and counted, so a stuck database never slows a token down.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+
+log = logging.getLogger("modelcall.events")
+_STOP = object()
+
+
+class OffloadedObserver:
+    """Wraps `handle(event)` so it runs on a worker thread fed by a bounded queue."""
+
+    def __init__(self, handle: Callable[[object], None], maxsize: int = 10_000, name: str = "observer") -> None:
+        self._handle = handle
+        self._queue: queue.Queue = queue.Queue(maxsize)
+        self.name = name
+        self.dropped = 0
+        self.errors = 0
+        self._thread = threading.Thread(target=self._run, name=f"modelcall-{name}", daemon=True)
+        self._thread.start()
+
+    def __call__(self, event: object) -> None:
+        try:
+            self._queue.put_nowait(event)
+        except queue.Full:
+            self.dropped += 1
+
+    def _run(self) -> None:
+        while (ev := self._queue.get()) is not _STOP:
+            try:
+                self._handle(ev)
+            except Exception:
+                self.errors += 1
+                log.exception("offloaded observer %s failed", self.name)
+            finally:
+                self._queue.task_done()
+        self._queue.task_done()
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every queued event has been handled."""
+        self._queue.join()
+
+    def close(self) -> None:
+        self._queue.put(_STOP)
+        self._thread.join(timeout=10)

@@ -1,0 +1,209 @@
+"""The typed events of one model call: frozen msgspec Structs, one per stage transition.
+
+Every event carries the request it belongs to, the task it is part of (when the caller
+named one) and a monotonic timestamp taken where the event happened, so a log line, an SSE
+frame and a test assertion all see the same object.
+"""
+from __future__ import annotations
+
+import time
+
+import msgspec
+
+now = time.monotonic  # NOTE: every timestamp in modelcall is on this clock; wall time only at the edges
+
+
+class Usage(msgspec.Struct, frozen=True, gc=False):
+    """Token usage of one model request, each category by its own definition.
+
+    `cached_tokens` is the part of `prompt_tokens` read from the prefix cache (not computed);
+    `reasoning_tokens` is the part of `completion_tokens` spent inside reasoning blocks.
+    Neither is added on top of the total it belongs to.
+    """
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class Timings(msgspec.Struct, frozen=True, gc=False):
+    """Monotonic timestamps of one request, each taken where the stage happened (None: never reached)."""
+
+    received: float
+    admitted: float | None = None
+    scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    finished: float | None = None
+
+    @property
+    def queue_s(self) -> float | None:
+        return _span(self.admitted, self.scheduled)
+
+    @property
+    def prefill_s(self) -> float | None:
+        return _span(self.scheduled, self.first_token)
+
+    @property
+    def decode_s(self) -> float | None:
+        return _span(self.first_token, self.last_token)
+
+    @property
+    def ttft_s(self) -> float | None:
+        return _span(self.received, self.first_token)
+
+    @property
+    def e2e_s(self) -> float | None:
+        return _span(self.received, self.finished)
+
+
+def _span(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else b - a
+
+
+class TokenLogprob(msgspec.Struct, frozen=True, gc=False, array_like=True):
+    token_id: int
+    logprob: float
+
+
+class PositionLogprobs(msgspec.Struct, frozen=True, gc=False):
+    """Log-probability of the sampled token at one position and the top-N alternatives."""
+
+    token_id: int
+    logprob: float
+    top: tuple[TokenLogprob, ...] = ()
+
+
+class Event(msgspec.Struct, frozen=True, gc=False, tag=True, kw_only=True):
+    """Base of every event. Subclasses are tagged by class name in JSON and msgpack."""
+
+    request_id: str
+    task_id: str | None = None
+    ts: float = msgspec.field(default_factory=now)
+
+
+class RequestAdmitted(Event):
+    """The entry stage accepted the request: tokenized, validated, within the context window."""
+
+    model: str
+    prompt_tokens: int
+    max_tokens: int
+    priority: int = 0
+
+
+class RequestQueued(Event):
+    """The request waits for the scheduler (new, or again after preemption)."""
+
+    num_waiting: int
+
+
+class RequestScheduled(Event):
+    """The request got its first share of a step; `cached_tokens` came from the prefix cache."""
+
+    cached_tokens: int
+
+
+class PrefillDone(Event):
+    """The whole prompt is computed and the first token sampled."""
+
+    first_token_id: int
+
+
+class TokensEmitted(Event):
+    """New tokens of one request in one engine step, with the text they completed.
+
+    `text` may be shorter than the tokens suggest: bytes of an unfinished character and text
+    that might still become a stop string are held back until they are decided.
+    """
+
+    token_ids: tuple[int, ...]
+    text: str
+    logprobs: tuple[PositionLogprobs, ...] | None = None
+
+
+class Preempted(Event):
+    """The request lost its KV blocks to make room; it will recompute, nothing is lost."""
+
+    num_computed_tokens: int
+
+
+class ToolRequested(Event):
+    """The model proposed one complete, parsed tool call."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+
+class ToolExecuted(Event):
+    """An app-side runtime executed a tool call and has its result."""
+
+    call_id: str
+    name: str
+    duration_s: float
+    result_preview: str = ""
+
+
+class ToolFailed(Event):
+    """A tool call was refused or failed; the failure is fed back to the model as a message."""
+
+    call_id: str
+    name: str
+    error: str
+    duration_s: float = 0.0
+
+
+class Finished(Event):
+    """The request ended. `reason`: stop, length, abort, tool_calls, content_filter, error."""
+
+    reason: str
+    usage: Usage
+    timings: Timings
+    text: str = ""
+    stop_reason: str | int | None = None  # the stop string or token id that matched
+
+
+class RequestRejected(Event):
+    """The entry stage refused the request before any compute (bad input, over budget, full)."""
+
+    status: int
+    error_type: str
+    message: str
+
+
+class RequestFailed(Event):
+    """The request failed after admission; its resources are freed."""
+
+    error_type: str
+    message: str
+
+
+class StepDone(msgspec.Struct, frozen=True, gc=False, tag=True, kw_only=True):
+    """One engine step: how many tokens of how many requests, and where its time went."""
+
+    step: int
+    num_tokens: int
+    num_requests: int
+    num_waiting: int
+    num_running: int
+    kv_usage: float
+    schedule_s: float
+    forward_s: float
+    step_s: float
+    ts: float = msgspec.field(default_factory=now)
+
+
+REQUEST_EVENTS = (
+    RequestAdmitted, RequestQueued, RequestScheduled, PrefillDone, TokensEmitted, Preempted,
+    ToolRequested, ToolExecuted, ToolFailed, Finished, RequestRejected, RequestFailed,
+)
+TERMINAL_EVENTS = (Finished, RequestRejected, RequestFailed)
+AnyEvent = (
+    RequestAdmitted | RequestQueued | RequestScheduled | PrefillDone | TokensEmitted | Preempted
+    | ToolRequested | ToolExecuted | ToolFailed | Finished | RequestRejected | RequestFailed | StepDone
+)
