@@ -48,6 +48,9 @@ class Request:
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.scheduled_once = False
+        # Callables fn(output_token_ids, logits_row) -> logits_row | None (in place), applied by the
+        # sampler before filtering; constrained decoding plugs in here.
+        self.logits_processors: list[Any] = []
         self.sampler_state: Any = None  # per-request state of the sampler (e.g. its seeded generator)
         self.extra: dict[str, Any] = {}  # room for plugins; never read by the kernel
 
