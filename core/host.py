@@ -39,7 +39,7 @@ class PluginHost:
         try:
             self.pm.check_pending()
         except pluggy.PluginValidationError as e:
-            raise PluginError(getattr(e, "plugin_name", "?") or "?", "check_pending", str(e)) from e
+            raise PluginError(self.pm.get_name(e.plugin) or "?", "check_pending", str(e)) from e
 
     def _load_entrypoints(self) -> None:
         for ep in metadata.entry_points(group=hookspecs.PROJECT):
@@ -138,12 +138,14 @@ class PluginHost:
     # ---- introspection ----------------------------------------------------------------------
 
     def names(self) -> list[str]:
-        return [name for name, _ in self.pm.list_name_plugin()]
+        return [name for name, plugin in self.pm.list_name_plugin() if plugin is not None]
 
     def describe(self) -> list[dict[str, Any]]:
         """Every registered plugin with its distribution, version and implemented hooks."""
         rows = []
         for name, plugin in self.pm.list_name_plugin():
+            if plugin is None:  # blocked
+                continue
             hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or ())
             dist, version = self.versions.get(name, (None, None))
             rows.append({"name": name, "distribution": dist, "version": version, "hooks": hooks})
