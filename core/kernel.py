@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
@@ -17,7 +18,7 @@ import msgspec
 
 from modelcall.core.config import KernelConfig
 from modelcall.core.engine import Engine, RequestRecord
-from modelcall.core.errors import ContextOverflow, InvalidRequest, Overloaded, Unavailable
+from modelcall.core.errors import ContextOverflow, InvalidRequest, ModelNotFound, Overloaded, Unavailable
 from modelcall.core.handle import Completion, RequestHandle
 from modelcall.core.host import PluginHost, PluginLike
 from modelcall.core.output import OutputState
@@ -83,6 +84,9 @@ class Kernel:
         plugins, blocked, load_eps = self._plugin_args
         self.host = host = PluginHost(plugins, blocked=blocked, load_entrypoints=load_eps)
         cfg = self.config
+        if cfg.model is not None and not os.path.isdir(cfg.model):
+            raise ModelNotFound(f"model directory {cfg.model!r} does not exist (give a Hugging Face model "
+                                "directory with config.json, or no model for the built-in demo model)")
         self.model_dir = cfg.model or await anyio.to_thread.run_sync(
             lambda: host.provide("provide_model_dir", "model", config=cfg))
         await anyio.to_thread.run_sync(self._assemble)
