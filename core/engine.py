@@ -113,10 +113,10 @@ class Engine:
         t2 = now()
         self._apply(plan, output, t2, events)
         self.step_count += 1
-        stats = self.kv.stats()
+        kv_usage = 1.0 - self.kv.num_free_blocks() / self.kv.num_blocks
         events.append(StepDone(step=self.step_count, num_tokens=plan.num_tokens, num_requests=len(plan.chunks),
                                num_waiting=self.scheduler.num_waiting, num_running=self.scheduler.num_running,
-                               kv_usage=stats.get("usage", 0.0), schedule_s=t1 - t0,
+                               kv_usage=kv_usage, schedule_s=t1 - t0,
                                forward_s=output.forward_s or (t2 - t1), step_s=now() - t0))
         self.bus.publish(events)
         if self.step_count % 64 == 0:
