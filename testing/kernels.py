@@ -1,0 +1,52 @@
+"""Kernels for tests: the tiny demo model, fp32, one thread, with exactly the plugins a test names."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from importlib import metadata
+from typing import Any
+
+from modelcall.core import Kernel
+from modelcall.core.hookspecs import PROJECT
+
+# NOTE: fp32 and one thread make outputs exact and repeatable (bf16 batched greedy output differs
+# from single-request output on random weights); a small KV pool keeps start-up fast.
+TEST_CONFIG: dict[str, Any] = {"dtype": "float32", "threads": 1, "num_kv_blocks": 256}
+
+
+def installed_plugin_names(*, exclude_distributions: Iterable[str] = ("modelcall",)) -> list[str]:
+    """Entry-point names of the installed `modelcall` plugins that do not come with modelcall."""
+    skip = set(exclude_distributions)
+    names = []
+    for ep in metadata.entry_points(group=PROJECT):
+        dist = getattr(ep, "dist", None)
+        if dist is None or dist.name not in skip:
+            names.append(ep.name)
+    return names
+
+
+def _plugin_name(plugin: Any) -> str | None:
+    if isinstance(plugin, str):
+        return plugin
+    return getattr(plugin, "modelcall_plugin_name", None) or getattr(plugin, "__name__", None)
+
+
+@asynccontextmanager
+async def kernel_for_test(plugins: Iterable[Any] = (), *, installed: bool = False, blocked: Iterable[str] = (),
+                          **config: Any) -> AsyncIterator[Kernel]:
+    """A started kernel on the built-in demo model with the built-in stages plus `plugins`.
+
+    Other installed plugins (third-party entry points) are blocked unless `installed=True`, so
+    a test sees the same kernel whatever else is installed next to it. `config` overrides
+    `TEST_CONFIG` and any other `KernelConfig` field.
+    """
+    plugins = list(plugins)
+    block = set(blocked)
+    if not installed:
+        block |= set(installed_plugin_names()) - {_plugin_name(p) for p in plugins}
+    kernel = Kernel(plugins=plugins, blocked=sorted(block), **{**TEST_CONFIG, **config})
+    await kernel.start()
+    try:
+        yield kernel
+    finally:
+        await kernel.stop()
