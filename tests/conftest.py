@@ -1,0 +1,27 @@
+"""Shared test set-up: one torch thread, the demo model built once per session, anyio on asyncio.
+
+Async test files say `pytestmark = pytest.mark.anyio`.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir() -> str:
+    """The demo model directory in the user cache (built on first use, a few seconds)."""
+    from modelcall.plugins.demo_model import demo_model_dir as build_or_get
+    return build_or_get()

@@ -1,0 +1,77 @@
+"""The demo model builds offline, byte-for-byte the same every time, and behaves like a real model."""
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from modelcall.plugins.demo_model import build_demo_model
+
+
+def _hashes(path: str) -> dict[str, str]:
+    out = {}
+    for name in sorted(os.listdir(path)):
+        with open(os.path.join(path, name), "rb") as f:
+            out[name] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def test_building_twice_gives_identical_files(tmp_path, demo_model_dir):
+    a = build_demo_model(str(tmp_path / "a"))
+    b = build_demo_model(str(tmp_path / "b"))
+    assert _hashes(a) == _hashes(b)
+    assert _hashes(a) == _hashes(demo_model_dir)  # the cached copy is the same build
+    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= set(_hashes(a))
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".demo-model-build-")]  # no temp left
+
+
+def test_building_into_a_non_empty_directory_is_refused(tmp_path):
+    (tmp_path / "x").write_text("keep me")
+    with pytest.raises(FileExistsError, match="not empty"):
+        build_demo_model(str(tmp_path))
+    assert (tmp_path / "x").read_text() == "keep me"
+
+
+def test_loads_with_transformers_and_greedy_output_is_varied(demo_model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast.from_pretrained(demo_model_dir, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(demo_model_dir, local_files_only=True)
+    cfg = model.config
+    assert (cfg.model_type, cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers) == ("llama", 2048, 128, 2)
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (4, 2, 32)
+    assert cfg.max_position_embeddings == 4096 and cfg.tie_word_embeddings
+    assert model.dtype == torch.float32
+    assert tok.eos_token == "<|im_end|>" and cfg.eos_token_id == tok.eos_token_id
+    ids = torch.tensor([tok.encode("def main():\n    return", add_special_tokens=False)])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False)
+    new = out[0, ids.shape[1]:].tolist()
+    assert len(set(new)) > 8, new
+
+
+@pytest.mark.parametrize("text", ["你好，世界！", "emoji 🎉👨‍👩‍👧 ok", "mixé ✓ 日本語"])
+def test_any_text_round_trips_through_the_byte_level_tokenizer(demo_model_dir, text):
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast.from_pretrained(demo_model_dir, local_files_only=True)
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+
+
+def test_tags_are_plain_added_tokens_and_control_tokens_are_special(demo_model_dir):
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast.from_pretrained(demo_model_dir, local_files_only=True)
+    text = "<|im_start|>a<think>b</think><tool_call>c</tool_call><|im_end|>"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert len(ids) == 9
+    assert tok.decode(ids, skip_special_tokens=True) == "a<think>b</think><tool_call>c</tool_call>"
+
+
+def test_plugin_provides_the_cached_directory(demo_model_dir):
+    from modelcall.core import KernelConfig, PluginHost
+    from modelcall.plugins.demo_model import plugin
+
+    host = PluginHost([plugin], load_entrypoints=False)
+    assert host.provide("provide_model_dir", "model", config=KernelConfig()) == demo_model_dir
