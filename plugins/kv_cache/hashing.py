@@ -1,0 +1,42 @@
+"""Prefix-cache keys: a chain of digests, one per full block of a request's known tokens.
+
+    key(block i) = sha256(key(block i-1) ‖ token ids of block i)
+    key(block -1) = sha256(model identity ‖ adapter ‖ cache salt)      (the request's root)
+
+NOTE: the extra keys enter through the root, so every block key depends on them: two models,
+adapters or tenants never share a block. sha256 (not Python's `hash`) because int hashing is
+predictable, and a crafted collision would let one tenant read another's cached prefix.
+"""
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+
+from modelcall.core.request import Request
+
+
+def root_key(identity: str, adapter: object, cache_salt: str | None) -> bytes:
+    parts = (identity, "" if adapter is None else repr(adapter), "" if cache_salt is None else cache_salt)
+    return hashlib.sha256("\0".join(parts).encode("utf-8", "surrogatepass")).digest()
+
+
+def block_key(parent: bytes, token_ids: Sequence[int]) -> bytes:
+    h = hashlib.sha256(parent)
+    h.update(array("q", token_ids).tobytes())
+    return h.digest()
+
+
+def extend_block_hashes(request: Request, num_blocks: int, block_size: int, identity: str) -> list[bytes]:
+    """Make `request.block_hashes` cover its first `num_blocks` full blocks; returns it.
+
+    Known tokens never change once appended, so keys computed earlier stay valid (also across
+    preemption) and each block is hashed once per request.
+    """
+    hashes = request.block_hashes
+    tokens = request.all_token_ids
+    parent = hashes[-1] if hashes else root_key(identity, request.extra.get("adapter"), request.cache_salt)
+    for i in range(len(hashes), num_blocks):
+        parent = block_key(parent, tokens[i * block_size:(i + 1) * block_size])
+        hashes.append(parent)
+    return hashes

@@ -1,0 +1,100 @@
+"""`PagedKVCache`: the built-in `KVCachePolicy` — block tables, prefix matching and committing full blocks."""
+from __future__ import annotations
+
+from modelcall.core.request import Request
+from modelcall.plugins.kv_cache.block_pool import BlockPool
+from modelcall.plugins.kv_cache.free_queue import FreeQueue
+from modelcall.plugins.kv_cache.hashing import extend_block_hashes
+
+
+class PagedKVCache:
+    """Paged KV block ids for every request, with optional prefix caching.
+
+        block_table:  [ b7 b2 b9 | b4 ]      block_size = 4, 14 known tokens, 13 computed
+        tokens:        0..3 4..7 8..11 12..13
+                       <- cached/committed ->  (full blocks keyed for reuse once computed)
+
+    `free_queue` decides which free block is reused next (the eviction order): LRU by default.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, *, identity: str = "", enable_prefix_caching: bool = True,
+                 free_queue: FreeQueue | None = None) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.identity = identity
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks, free_queue)
+        self.num_queries = 0  # tokens looked up by match_prefix
+        self.num_hits = 0     # tokens found
+
+    # ---- the KVCachePolicy protocol ---------------------------------------------------------
+
+    def match_prefix(self, request: Request) -> int:
+        if request.block_table:
+            raise ValueError(f"match_prefix needs a request holding no blocks; {request.request_id} holds "
+                             f"{len(request.block_table)}")
+        if not self.enable_prefix_caching:
+            return 0
+        # NOTE: never the last known token: its forward pass gives the next token's logits. For a
+        # new request that is the last prompt token; after preemption, the last output token.
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hashes = extend_block_hashes(request, max_blocks, self.block_size, self.identity)
+        hits: list[int] = []
+        for i in range(max_blocks):
+            block = self.pool.lookup(hashes[i])
+            if block is None:
+                break
+            hits.append(block)
+        self.pool.touch(hits)
+        request.block_table = hits
+        num_hit_tokens = len(hits) * self.block_size
+        self.num_queries += request.num_tokens
+        self.num_hits += num_hit_tokens
+        return num_hit_tokens
+
+    def allocate(self, request: Request, num_new_tokens: int) -> bool:
+        needed = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - len(request.block_table)
+        if needed <= 0:
+            return True
+        if needed > self.pool.num_free():
+            return False
+        request.block_table.extend(self.pool.take(needed))
+        return True
+
+    def commit(self, request: Request) -> None:
+        if not self.enable_prefix_caching:
+            return
+        num_full = request.num_computed_tokens // self.block_size
+        table, recorded = request.block_table, self.pool.block_hash
+        first_new = num_full
+        while first_new > 0 and recorded[table[first_new - 1]] is None:
+            first_new -= 1  # keys are set in order: walk back to the last committed block
+        if first_new == num_full:
+            return
+        hashes = extend_block_hashes(request, num_full, self.block_size, self.identity)
+        for i in range(first_new, num_full):
+            self.pool.cache(table[i], hashes[i])
+
+    def free(self, request: Request) -> None:
+        # NOTE: the tail first, so under LRU a request's last blocks (the least shared) are evicted first.
+        self.pool.release(reversed(request.block_table))
+        request.block_table = []
+
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free()
+
+    def stats(self) -> dict[str, float]:
+        free = self.pool.num_free()
+        return {
+            "usage": 1.0 - free / self.num_blocks,
+            "queries": float(self.num_queries),
+            "hits": float(self.num_hits),
+            "hit_rate": self.num_hits / self.num_queries if self.num_queries else 0.0,
+            "num_free_blocks": float(free),
+            "num_blocks": float(self.num_blocks),
+            "num_cached_blocks": float(len(self.pool.cached)),
+            "evictions": float(self.pool.num_evictions),
+        }
+
+    def reset_prefix_cache(self) -> None:
+        self.pool.forget_cached()
