@@ -29,6 +29,7 @@ class PluginHost:
                  load_entrypoints: bool = True) -> None:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.versions: dict[str, tuple[str, str]] = {}  # plugin name -> (distribution, version)
+        self.providers: dict[str, str] = {}  # stage -> name of the plugin whose provider answered
         self.pm.add_hookspecs(hookspecs)
         for name in blocked:
             self.pm.set_blocked(name.removeprefix("no:"))
@@ -82,20 +83,34 @@ class PluginHost:
     # ---- calling ----------------------------------------------------------------------------
 
     def provide(self, hook: str, stage: str, **kwargs: Any) -> Any:
-        """Call a firstresult provider hook; raise a clear error when nobody provides."""
+        """Call a firstresult provider hook; raise a clear error when nobody provides.
+
+        Records which plugin provided the stage in `self.providers[stage]`.
+        """
         caller = getattr(self.pm.hook, hook)
+        impls = caller.get_hookimpls()
+        provider: str | None = None
         try:
-            result = caller(**kwargs)
+            if any(i.hookwrapper or i.wrapper for i in impls):
+                result = caller(**kwargs)
+            else:  # pluggy's own firstresult loop, so we know whose answer won
+                result = None
+                for impl in reversed(impls):
+                    provider = impl.plugin_name
+                    result = impl.function(*[kwargs[a] for a in impl.argnames])
+                    if result is not None:
+                        break
         except PluginError:
             raise
         except Exception as e:
-            raise PluginError(self._culprit(e, hook), hook, e) from e
+            raise PluginError(provider or self._culprit(e, hook), hook, e) from e
         if result is None:
             wanted = getattr(kwargs.get("config"), stage, "auto") if stage else "auto"
             raise ConfigError(f"no plugin provides the {stage} stage (configured: {wanted!r}); "
                               f"installed plugins: {', '.join(self.names()) or 'none'}")
         if inspect.isawaitable(result):
-            raise PluginError(self._provider_of(hook), hook, "provider hooks must be synchronous")
+            raise PluginError(provider or self._provider_of(hook), hook, "provider hooks must be synchronous")
+        self.providers[stage] = provider or self._provider_of(hook)  # with wrappers: first in call order
         return result
 
     def collect(self, hook: str, **kwargs: Any) -> list[tuple[str, tuple, dict]]:
