@@ -1,0 +1,23 @@
+"""What `scheduling_policy` changes: the order of the waiting queue and which running request is preempted."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from modelcall.core.request import Request
+from modelcall.plugins.scheduler.queues import FCFSQueue, PriorityQueue, WaitingQueue
+
+
+def make_waiting_queue(policy: str) -> WaitingQueue:
+    if policy == "fcfs":
+        return FCFSQueue()
+    if policy == "priority":
+        return PriorityQueue()
+    raise ValueError(f"scheduling_policy must be fcfs or priority, got {policy!r}")
+
+
+def pick_victim(policy: str, running: Mapping[str, Request]) -> Request:
+    """The running request to preempt: the latest scheduled (fcfs), or the least urgent, latest
+    arrival first (priority). O(n) over running, but only when blocks run out."""
+    if policy == "priority":
+        return max(reversed(list(running.values())), key=lambda r: (r.priority, r.arrival))  # ties: latest
+    return running[next(reversed(running))]

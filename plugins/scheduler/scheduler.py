@@ -1,0 +1,157 @@
+"""`DefaultScheduler`: one step's plan — running requests first (decodes and unfinished prefill chunks),
+then waiting ones, within a token budget; preemption by recompute when KV blocks run out.
+
+Every request is computed tokens catching up with known tokens; a step grants each scheduled
+request `min(uncomputed, budget left)` tokens, so long prompts are split across steps (chunked
+prefill) and decodes are simply requests one token behind.
+"""
+from __future__ import annotations
+
+from modelcall.core.plan import ScheduledChunk, SchedulePlan
+from modelcall.core.request import Request, Status
+from modelcall.core.stages import KVCachePolicy
+from modelcall.plugins.scheduler.policy import make_waiting_queue, pick_victim
+
+
+class _Step:
+    """The plan being built: chunks by request id (a preempted request's chunk is taken back) and the budget."""
+
+    __slots__ = ("budget", "chunks", "plan")
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.chunks: dict[str, ScheduledChunk] = {}
+        self.plan = SchedulePlan()
+
+    def add(self, request: Request, num_new_tokens: int) -> None:
+        sample = request.num_computed_tokens + num_new_tokens == request.num_tokens
+        self.chunks[request.request_id] = ScheduledChunk(request, num_new_tokens, sample)
+        self.budget -= num_new_tokens
+
+    def take_back(self, request: Request) -> None:
+        chunk = self.chunks.pop(request.request_id, None)
+        if chunk is not None:
+            self.budget += chunk.num_new_tokens
+
+    def done(self) -> SchedulePlan:
+        self.plan.chunks = list(self.chunks.values())
+        return self.plan
+
+
+class DefaultScheduler:
+    """FCFS or priority continuous batching with chunked prefill over a `KVCachePolicy`.
+
+    `watermark` is the fraction of all blocks kept free when admitting a new request while
+    others run, so that running requests can grow a while before anyone is preempted.
+    """
+
+    def __init__(self, kv: KVCachePolicy, *, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
+                 policy: str = "fcfs", watermark: float = 0.01) -> None:
+        self.kv = kv
+        self.policy = policy
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.watermark_blocks = int(watermark * kv.num_blocks)
+        self.waiting = make_waiting_queue(policy)
+        self.running: dict[str, Request] = {}  # in the order they were (re)admitted
+
+    # ---- the Scheduler protocol -------------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        request.status = Status.WAITING
+        self.waiting.push(request)
+
+    def schedule(self) -> SchedulePlan:
+        step = _Step(self.max_num_batched_tokens)
+        self._schedule_running(step)
+        # NOTE: after a preemption blocks are short; admitting new work now would only thrash.
+        if not step.plan.preempted:
+            self._schedule_waiting(step)
+        return step.done()
+
+    def finish(self, request: Request) -> None:
+        if self.running.pop(request.request_id, None) is None:
+            self.waiting.remove(request)
+        self.kv.free(request)
+
+    def get(self, request_id: str) -> Request | None:
+        return self.running.get(request_id) or self.waiting.get(request_id)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_work(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    # ---- running requests -------------------------------------------------------------------
+
+    def _schedule_running(self, step: _Step) -> None:
+        for request in list(self.running.values()):
+            if step.budget <= 0:
+                break
+            if request.request_id not in self.running:
+                continue  # preempted earlier in this step
+            num_new = min(request.num_uncomputed_tokens, step.budget)
+            if num_new > 0 and self._allocate_or_preempt(request, num_new, step):
+                step.add(request, num_new)
+
+    def _allocate_or_preempt(self, request: Request, num_new: int, step: _Step) -> bool:
+        """Grow `request`'s blocks, preempting victims until they fit; False when it was the victim."""
+        while not self.kv.allocate(request, num_new):
+            victim = pick_victim(self.policy, self.running)
+            self._preempt(victim, step)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request, step: _Step) -> None:
+        """Recompute later: drop its blocks (its cached full blocks stay findable) and requeue it."""
+        step.take_back(request)
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.status = Status.PREEMPTED
+        request.num_preemptions += 1
+        del self.running[request.request_id]
+        self.waiting.push_front(request)
+        step.plan.preempted.append(request)
+
+    # ---- waiting requests -------------------------------------------------------------------
+
+    def _schedule_waiting(self, step: _Step) -> None:
+        while self.waiting and step.budget > 0 and len(self.running) < self.max_num_seqs:
+            if not self._admit(self.waiting.peek(), step):
+                break  # head-of-line: later requests wait their turn too
+
+    def _admit(self, request: Request, step: _Step) -> bool:
+        # A waiting request holds no blocks (new, preempted, or undone below); preempted ones
+        # re-match their own freed blocks, output tokens included.
+        num_hit = self.kv.match_prefix(request)
+        request.num_computed_tokens = num_hit
+        num_new = min(request.num_uncomputed_tokens, step.budget)
+        if not self._fits(request, num_new):
+            self.kv.free(request)
+            request.num_computed_tokens = 0
+            return False
+        self.waiting.pop()
+        self.running[request.request_id] = request
+        request.status = Status.RUNNING
+        if not request.scheduled_once:
+            request.scheduled_once = True
+            request.num_cached_tokens = num_hit
+            step.plan.newly_scheduled.append(request)
+        step.add(request, num_new)
+        return True
+
+    def _fits(self, request: Request, num_new: int) -> bool:
+        """Allocate for a new chunk, keeping the watermark free unless nothing else is running."""
+        if self.running:
+            block_size = self.kv.block_size
+            needed = -(-(request.num_computed_tokens + num_new) // block_size) - len(request.block_table)
+            if self.kv.num_free_blocks() - needed < self.watermark_blocks:
+                return False
+        return self.kv.allocate(request, num_new)
