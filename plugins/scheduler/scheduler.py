@@ -128,6 +128,10 @@ class DefaultScheduler:
                 break  # head-of-line: later requests wait their turn too
 
     def _admit(self, request: Request, step: _Step) -> bool:
+        # NOTE: a chunk always needs at least one new block (a prefix hit is whole blocks and never
+        # the last token); checking that first keeps a blocked head from querying the cache per step.
+        if self.running and self.kv.num_free_blocks() < 1 + self.watermark_blocks:
+            return False
         # A waiting request holds no blocks (new, preempted, or undone below); preempted ones
         # re-match their own freed blocks, output tokens included.
         num_hit = self.kv.match_prefix(request)
