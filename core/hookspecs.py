@@ -100,6 +100,14 @@ def register_routes(register: Any, config: Any) -> None:
     """Call `register(method, path, handler)` for each extra HTTP route of `modelcall serve`."""
 
 
+@hookspec
+def register_middlewares(register: Any, config: Any) -> None:
+    """Call `register(middleware, order=0)` for each aiohttp middleware of `modelcall serve`
+    (lower order runs first, i.e. outermost). They run inside the front end's error handling:
+    raise `modelcall.core.ModelcallError` subclasses or aiohttp HTTP errors and the client gets
+    the route's protocol error shape."""
+
+
 # ---- lifecycle hooks ------------------------------------------------------------------------
 
 @hookspec
