@@ -40,10 +40,14 @@ async def kernel_for_test(plugins: Iterable[Any] = (), *, installed: bool = Fals
     a test sees the same kernel whatever else is installed next to it. `config` overrides
     `TEST_CONFIG` and any other `KernelConfig` field.
     """
-    plugins = list(plugins)
+    installed_names = set(installed_plugin_names())
+    wanted = {_plugin_name(p) for p in plugins}
+    # NOTE: a plugin given here that is also installed is loaded through its entry point (with
+    # its version); registering the same module twice would be an error.
+    plugins = [p for p in plugins if _plugin_name(p) not in installed_names]
     block = set(blocked)
     if not installed:
-        block |= set(installed_plugin_names()) - {_plugin_name(p) for p in plugins}
+        block |= installed_names - wanted
     kernel = Kernel(plugins=plugins, blocked=sorted(block), **{**TEST_CONFIG, **config})
     await kernel.start()
     try:

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Install each plugin example into its own scratch venv and run its tests against the installed copy;
+# then install all of them together and check that `modelcall plugins` lists each one.
+#
+# The scratch venvs see the project venv's packages (modelcall, torch, pytest, ...) through a .pth
+# file that calls site.addsitedir, so installing an example takes a second instead of minutes.
+# Usage: plugin_examples/run_all.sh [example-dir-name ...]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv_py="$root/.venv/bin/python"
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+export PIP_DISABLE_PIP_VERSION_CHECK=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE TOKENIZERS_PARALLELISM=false
+project_site=$("$venv_py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+
+new_venv() {  # new_venv DIR: a venv without pip that imports the project venv's packages
+  "$venv_py" -m venv --without-pip "$1"
+  local site
+  site=$("$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "import site; site.addsitedir('$project_site')" > "$site/modelcall-project-venv.pth"
+}
+
+install() {  # install VENV EXAMPLE_DIR: from a copy, so no build litter lands in the tree
+  local copy="$scratch/src/$(basename "$2")"
+  rm -rf "$copy" && mkdir -p "$scratch/src" && cp -r "$2" "$copy"
+  rm -rf "$copy/build" "$copy"/*.egg-info
+  "$1/bin/python" -m pip install -q --no-deps --no-build-isolation --no-index "$copy"
+}
+
+if [ $# -gt 0 ]; then names=("$@"); else
+  names=(); for d in "$root"/plugin_examples/*/; do [ -f "$d/pyproject.toml" ] && names+=("$(basename "$d")"); done
+fi
+failed=()
+for name in "${names[@]}"; do
+  dir="$root/plugin_examples/$name"
+  echo "== $name"
+  new_venv "$scratch/venv-$name"
+  install "$scratch/venv-$name" "$dir"
+  # NOTE: run from the scratch folder, so the tests import the installed module, not the source file.
+  if ! (cd "$scratch" && "$scratch/venv-$name/bin/python" -m pytest -q -p no:cacheprovider "$dir/tests"); then
+    failed+=("$name")
+  fi
+done
+
+echo "== all examples in one venv"
+new_venv "$scratch/venv-all"
+for name in "${names[@]}"; do install "$scratch/venv-all" "$root/plugin_examples/$name"; done
+(cd "$scratch" && "$scratch/venv-all/bin/python" - "${names[@]}" <<'PY'
+import sys, tomllib, pathlib
+from importlib import metadata
+from modelcall.core import KernelConfig, PluginHost
+from modelcall.plugins.devtools.listing import describe
+listing = describe(PluginHost(), KernelConfig())
+rows = {p["name"]: p for p in listing["plugins"]}
+root = pathlib.Path(metadata.distribution("modelcall").locate_file("")).resolve()
+missing = []
+for ep in metadata.entry_points(group="modelcall"):
+    if ep.dist.name != "modelcall" and (ep.name not in rows or rows[ep.name]["version"] != ep.dist.version):
+        missing.append(ep.name)
+names = {ep.name for ep in metadata.entry_points(group="modelcall") if ep.dist.name != "modelcall"}
+print(f"listed {len(names)} example plugins:", ", ".join(sorted(names)))
+for stage, s in listing["stages"].items():
+    print(f"  {stage:<10} {s['provider']}")
+if missing or len(names) < len(sys.argv) - 1:
+    print("not listed or wrong version:", missing); sys.exit(1)
+PY
+) || failed+=("listing")
+
+if [ ${#failed[@]} -gt 0 ]; then echo "FAILED: ${failed[*]}"; exit 1; fi
+echo "plugin examples: all passed"

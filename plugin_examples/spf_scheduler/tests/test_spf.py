@@ -1,0 +1,46 @@
+"""Shortest prompt first: with one slot, queued requests complete shortest prompt first."""
+import pytest
+
+import modelcall_spf
+from modelcall.events import Finished, Preempted
+
+pytestmark = pytest.mark.anyio
+
+# prompt lengths in arrival order: long, short, medium, tiny
+PROMPTS = {"long": list(range(10, 70)), "short": list(range(10, 20)), "medium": list(range(10, 40)),
+           "tiny": [10, 11, 12]}
+
+
+async def run_burst(make_kernel, plugins, **config):
+    """Submit every prompt before the engine gets a turn; return (completion order, texts)."""
+    async with make_kernel(plugins=plugins, max_num_seqs=1, **config) as kernel:
+        handles = [await kernel.submit(prompt_token_ids=ids, request_id=name, max_tokens=6,
+                                       temperature=0, ignore_eos=True) for name, ids in PROMPTS.items()]
+        results = {h.request_id: await h.result() for h in handles}
+        assert kernel.kv.num_free_blocks() == kernel.kv.num_blocks  # nothing leaked
+        order = sorted(results, key=lambda rid: results[rid].finished.timings.finished)
+        return order, {rid: c.text for rid, c in results.items()}
+
+
+async def test_spf_completes_requests_shortest_prompt_first_where_the_builtin_keeps_arrival_order(make_kernel):
+    spf_order, spf_texts = await run_burst(make_kernel, [modelcall_spf])
+    fcfs_order, fcfs_texts = await run_burst(make_kernel, [])
+    assert fcfs_order == ["long", "short", "medium", "tiny"]
+    assert spf_order == ["tiny", "short", "medium", "long"]
+    assert spf_texts == fcfs_texts  # only the order changed, not what was computed
+
+
+async def test_spf_is_the_stage_that_answered_and_declines_when_another_is_named(make_kernel):
+    async with make_kernel(plugins=[modelcall_spf]) as kernel:
+        assert isinstance(kernel.scheduler, modelcall_spf.ShortestPromptFirst)
+        assert kernel.host.providers["scheduler"] == "modelcall_spf"
+    async with make_kernel(plugins=[modelcall_spf], scheduler="default") as kernel:
+        assert not isinstance(kernel.scheduler, modelcall_spf.ShortestPromptFirst)
+
+
+async def test_preemption_under_a_tiny_kv_pool_recomputes_and_loses_nothing(make_kernel, events):
+    order, texts = await run_burst(make_kernel, [modelcall_spf], max_num_seqs=4, num_kv_blocks=8, block_size=16)
+    _, reference = await run_burst(make_kernel, [])
+    assert texts == reference
+    assert events.of(Preempted), "the pool was meant to be too small for all four at once"
+    assert {e.request_id for e in events.of(Finished)} >= set(PROMPTS)
