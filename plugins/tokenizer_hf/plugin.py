@@ -1,0 +1,14 @@
+"""Provides the Hugging Face tokenizer stage (configuration name: "hf")."""
+from __future__ import annotations
+
+from typing import Any
+
+from modelcall.core import hookimpl
+
+
+@hookimpl(trylast=True)
+def provide_tokenizer(config: Any, model_dir: str) -> Any:
+    if not config.wants("tokenizer", "hf"):
+        return None
+    from modelcall.plugins.tokenizer_hf import HFTokenizer
+    return HFTokenizer(model_dir)
