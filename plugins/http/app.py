@@ -1,0 +1,177 @@
+"""The aiohttp application of `modelcall serve`: routes, the error middleware, and extension points.
+
+    app = create_app(kernel, ServerSettings(), middlewares=[...], routes=[...])
+
+Other plugins extend it through hooks: `register_routes(register, config)` adds routes and
+`register_middlewares(register, config)` adds aiohttp middlewares (inside the error middleware,
+so an `ApiError` they raise is answered in the route's protocol shape). Each request carries
+`request["modelcall.received"]` (monotonic time the front end saw it) for timing.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from modelcall.core import Kernel, ModelcallError
+from modelcall.plugins.http import anthropic_messages, openai_chat, openai_completions, openapi
+from modelcall.plugins.http import schemas_anthropic as A
+from modelcall.plugins.http import schemas_openai as O
+from modelcall.plugins.http.errors import ApiError, error_response
+from modelcall.plugins.http.service import ServingContext
+from modelcall.plugins.http.settings import ServerSettings
+
+log = logging.getLogger("modelcall.http")
+
+CONTEXT = web.AppKey("modelcall.context", ServingContext)
+KERNEL = web.AppKey("modelcall.kernel", Kernel)
+INFLIGHT = web.AppKey("modelcall.inflight", dict)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+RouteSpec = tuple[str, str, Handler]
+
+
+def create_app(kernel: Kernel, settings: ServerSettings | None = None, *, middlewares: Iterable[Any] = (),
+               routes: Iterable[RouteSpec] = ()) -> web.Application:
+    """The app serving `kernel` (already started). Extra `middlewares`/`routes` come after those from hooks."""
+    settings = settings or ServerSettings()
+    ctx = ServingContext(kernel, settings)
+    hook_mw, hook_routes = _from_hooks(kernel)
+    app = web.Application(middlewares=[errors_middleware, *hook_mw, *middlewares],
+                          client_max_size=settings.max_body_bytes)
+    app[CONTEXT] = ctx
+    app[KERNEL] = kernel
+    app[INFLIGHT] = {"count": 0}
+    add = app.router.add_route
+    add("POST", "/v1/chat/completions", _json_route(O.ChatCompletionRequest, openai_chat.handle))
+    add("POST", "/v1/completions", _json_route(O.CompletionRequest, openai_completions.handle))
+    add("POST", "/v1/messages", _json_route(A.MessagesRequest, anthropic_messages.handle))
+    add("POST", "/v1/messages/count_tokens", _json_route(A.CountTokensRequest, anthropic_messages.count_tokens))
+    add("GET", "/v1/models", models)
+    add("GET", "/health", health)
+    add("GET", "/ready", ready)
+    add("GET", "/-/stats", stats)
+    extra = [*hook_routes, *routes]
+    for method, path, handler in extra:
+        add(method, path, handler)
+    doc = msgspec.json.encode(openapi.document(extra_paths=_extra_paths(extra)))
+    add("GET", "/openapi.json", lambda _request: _json_bytes(doc))
+    return app
+
+
+def _from_hooks(kernel: Kernel) -> tuple[list[Any], list[RouteSpec]]:
+    host = kernel.host
+    if host is None:
+        return [], []
+    routes = [tuple(args[:3]) for _plugin, args, _kw in host.collect("register_routes", config=kernel.config)]
+    mws: list[tuple[int, Any]] = []
+    if hasattr(host.pm.hook, "register_middlewares"):
+        for _plugin, args, kw in host.collect("register_middlewares", config=kernel.config):
+            mws.append((kw.get("order", args[1] if len(args) > 1 else 0), args[0]))
+    return [m for _, m in sorted(mws, key=lambda x: x[0])], routes  # type: ignore[misc]
+
+
+def _extra_paths(routes: list[RouteSpec]) -> dict[str, dict[str, Any]]:
+    paths: dict[str, dict[str, Any]] = {}
+    for method, path, handler in routes:
+        doc = (getattr(handler, "__doc__", None) or path).strip().splitlines()[0]
+        paths.setdefault(path, {})[method.lower()] = {"summary": doc, "responses": {"200": {"description": "OK"}}}
+    return paths
+
+
+# ---- request decoding and errors -------------------------------------------------------------
+
+def _json_route(body_type: type, fn: Callable[..., Awaitable[web.StreamResponse]]) -> Handler:
+    decoder = msgspec.json.Decoder(body_type)
+
+    async def route(request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        if not raw:
+            raise ApiError(400, "the request body is empty; send a JSON object", code="invalid_json")
+        try:
+            body = decoder.decode(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise ApiError.from_decode(e) from None
+        except RecursionError:
+            raise ApiError(400, "the JSON body is nested too deeply", code="invalid_json") from None
+        return await fn(request, request.app[CONTEXT], body)
+
+    route.__name__ = fn.__module__.rsplit(".", 1)[-1]
+    return route
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Outermost: count in-flight requests, time them, and answer every error in the route's shape."""
+    request["modelcall.received"] = time.monotonic()
+    inflight = request.app[INFLIGHT]
+    inflight["count"] += 1
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return error_response(e, request.path)
+    except ModelcallError as e:
+        return error_response(ApiError.from_kernel(e), request.path)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return error_response(_http_error(request, e), request.path)
+    except (asyncio.CancelledError, ConnectionError):
+        raise
+    except Exception as e:  # a bug, not the client's fault: log it, answer 500 in the protocol's shape
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(ApiError(500, f"internal server error ({type(e).__name__}); see the server log",
+                                       error_type="api_error"), request.path)
+    finally:
+        inflight["count"] -= 1
+
+
+def _http_error(request: web.Request, e: web.HTTPException) -> ApiError:
+    if e.status == 404:
+        return ApiError(404, f"no route {request.method} {request.path}", error_type="not_found_error",
+                        code="not_found")
+    if e.status == 405:
+        allowed = getattr(e, "allowed_methods", None) or ()
+        return ApiError(405, f"method {request.method} is not allowed on {request.path}; allowed: "
+                             f"{', '.join(sorted(allowed))}", code="method_not_allowed")
+    if e.status == 413:
+        limit = request.app._client_max_size  # noqa: SLF001 - aiohttp keeps no public accessor
+        return ApiError(413, f"the request body is larger than the limit of {limit} bytes "
+                             "(modelcall serve --max-body-bytes)", code="request_too_large")
+    return ApiError(e.status, e.text or e.reason or "HTTP error")
+
+
+# ---- small routes -------------------------------------------------------------------------------
+
+def _json_bytes(body: bytes, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=body, status=status, content_type="application/json", headers=headers)
+
+
+async def models(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    created = int(time.time() - time.monotonic() + (ctx.kernel.started_at or time.monotonic()))
+    cards = [O.ModelCard(id=name, created=created, max_model_len=ctx.kernel.window) for name in ctx.model_names]
+    return _json_bytes(O.encoder.encode(O.ModelList(data=cards)))
+
+
+async def health(request: web.Request) -> web.Response:
+    return _json_bytes(b'{"status":"ok"}')
+
+
+async def ready(request: web.Request) -> web.Response:
+    kernel = request.app[KERNEL]
+    if kernel.ready:
+        return _json_bytes(b'{"status":"ready"}')
+    state = b"draining" if kernel.draining else b"starting"
+    return _json_bytes(b'{"status":"' + state + b'"}', 503, {"Retry-After": "5"})
+
+
+async def stats(request: web.Request) -> web.Response:
+    kernel = request.app[KERNEL]
+    return _json_bytes(msgspec.json.encode({**kernel.stats(), "model": kernel.model_name,
+                                            "http_inflight": request.app[INFLIGHT]["count"]}))

@@ -1,0 +1,105 @@
+"""`modelcall serve`: start a kernel, serve it over HTTP, drain on SIGTERM and exit 0."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import time
+from typing import Any
+
+from aiohttp import web
+
+from modelcall.core import Kernel
+from modelcall.plugins.http.app import INFLIGHT, create_app
+from modelcall.plugins.http.settings import ServerSettings
+
+log = logging.getLogger("modelcall.http")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    _add_kernel_options(parser)
+    parser.add_argument("--served-model-name", action="append", default=None, metavar="NAME",
+                        help="the name clients use for the model (repeatable; the first is reported)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
+    parser.add_argument("--max-running", type=int, default=None, metavar="N",
+                        help="at most N sequences running at once (the kernel's max_num_seqs)")
+    parser.add_argument("--max-queued", type=int, default=None, metavar="N",
+                        help="at most N requests waiting; more get 429 with Retry-After (the kernel's max_queued)")
+    parser.add_argument("--max-body-bytes", type=int, default=ServerSettings.max_body_bytes, metavar="N",
+                        help="larger request bodies get 413")
+    parser.add_argument("--drain-timeout", type=float, default=ServerSettings.drain_timeout_s, metavar="S",
+                        help="on SIGTERM, how long in-flight requests may take to finish")
+
+
+def _add_kernel_options(parser: argparse.ArgumentParser) -> None:
+    try:
+        from modelcall.plugins.cli.options import add_kernel_options
+    except ImportError:  # the CLI plugin is not installed: the options serve needs itself
+        parser.add_argument("--model", default=None, help="a Hugging Face model directory (default: the demo model)")
+        parser.add_argument("--max-model-len", type=int, default=None)
+        parser.add_argument("--num-kv-blocks", type=int, default=None)
+        parser.add_argument("--plugin", action="append", default=[], metavar="MODULE")
+        parser.add_argument("-p", dest="blocked", action="append", default=[], metavar="no:NAME")
+    else:
+        add_kernel_options(parser)
+
+
+def _kernel_from_args(args: argparse.Namespace) -> Kernel:
+    overrides: dict[str, Any] = {}
+    if args.served_model_name:
+        overrides["served_model_name"] = args.served_model_name[0]
+    if args.max_running is not None:
+        overrides["max_num_seqs"] = args.max_running
+    if args.max_queued is not None:
+        overrides["max_queued"] = args.max_queued
+    try:
+        from modelcall.plugins.cli.options import kernel_from_args
+    except ImportError:
+        fields = {k: getattr(args, k) for k in ("model", "max_model_len", "num_kv_blocks")
+                  if getattr(args, k, None) is not None}
+        return Kernel(plugins=args.plugin, blocked=args.blocked, **fields, **overrides)
+    return kernel_from_args(args, **overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = ServerSettings(host=args.host, port=args.port, max_body_bytes=args.max_body_bytes,
+                              drain_timeout_s=args.drain_timeout,
+                              served_model_names=tuple((args.served_model_name or [])[1:]))
+    return asyncio.run(serve(_kernel_from_args(args), settings))
+
+
+async def serve(kernel: Kernel, settings: ServerSettings, stop: asyncio.Event | None = None) -> int:
+    """Serve until SIGTERM/SIGINT (or `stop` is set), then drain: new requests get 503, running
+    ones may finish within `settings.drain_timeout_s`."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with kernel:
+        app = create_app(kernel, settings)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                               shutdown_timeout=max(1.0, settings.drain_timeout_s))
+        await runner.setup()
+        site = web.TCPSite(runner, settings.host, settings.port)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        # NOTE: tests and scripts read this line to find the port when --port 0 was given.
+        print(f"modelcall: serving {kernel.model_name!r} on http://{host}:{port}", flush=True)
+        await stop.wait()
+        t0 = time.monotonic()
+        log.info("draining: refusing new requests, waiting up to %.0f s for %d running",
+                 settings.drain_timeout_s, kernel.stats()["unfinished"])
+        finished = await kernel.drain(settings.drain_timeout_s)
+        # The kernel is done; give handlers a moment to write their last frames.
+        while app[INFLIGHT]["count"] and time.monotonic() - t0 < settings.drain_timeout_s + 2:
+            await asyncio.sleep(0.02)
+        log.info("drained (%s) in %.2f s; stopping", "all finished" if finished else "timed out",
+                 time.monotonic() - t0)
+        await runner.cleanup()
+    print("modelcall: stopped", flush=True)
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,218 @@
+"""What every protocol handler shares: the kernel, model names, admission of n requests, and
+per-choice output state (reasoning split, logprobs, finish) read from kernel events."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import msgspec
+
+from modelcall.core import Kernel, ModelcallError, RequestHandle, SamplingParams
+from modelcall.events import Finished, PositionLogprobs, RequestFailed, TokensEmitted, Usage
+from modelcall.plugins.http.errors import ApiError
+from modelcall.plugins.http.reasoning import ReasoningSplitter
+from modelcall.plugins.http.settings import ServerSettings
+
+log = logging.getLogger("modelcall.http")
+
+
+class ServingContext:
+    """The kernel as the HTTP handlers see it."""
+
+    def __init__(self, kernel: Kernel, settings: ServerSettings) -> None:
+        self.kernel = kernel
+        self.settings = settings
+        self._token_text: dict[int, str] = {}
+
+    @property
+    def model_name(self) -> str:
+        return self.kernel.model_name
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return (self.model_name, *self.settings.served_model_names)
+
+    def check_model(self, model: str | None) -> str:
+        """The name to answer with; 404 naming the served models when `model` is not one of them."""
+        if model is None or model in self.model_names:
+            return model or self.model_name
+        raise ApiError(404, f"the model {model!r} does not exist; this server serves {list(self.model_names)}",
+                       error_type="not_found_error", param="model", code="model_not_found")
+
+    def token_text(self, token_id: int) -> str:
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self.kernel.tokenizer.decode([token_id], skip_special_tokens=False)
+            self._token_text[token_id] = text
+        return text
+
+    async def submit(self, params: Sequence[SamplingParams], **prompt: Any) -> list[RequestHandle]:
+        """Admit one kernel request per entry of `params` (the prompt is tokenized once); on any
+        refusal, close those already admitted and raise an ApiError."""
+        handles: list[RequestHandle] = []
+        try:
+            for p in params:
+                if handles:
+                    prompt = {"prompt_token_ids": handles[0].prompt_token_ids,
+                              **{k: v for k, v in prompt.items() if k in ("priority", "cache_salt", "task_id")}}
+                handles.append(await self.kernel.submit(params=p, **prompt))
+        except BaseException as e:
+            for h in handles:
+                h.close()
+            raise _as_api_error(e) from e
+        return handles
+
+    def splitter(self, handle: RequestHandle) -> ReasoningSplitter | None:
+        return ReasoningSplitter.for_tokenizer(self.kernel.tokenizer, handle.prompt_token_ids)
+
+
+def _as_api_error(e: BaseException) -> BaseException:
+    if isinstance(e, ApiError):
+        return e
+    if isinstance(e, ModelcallError):
+        return ApiError.from_kernel(e)
+    # Rendering or tokenizing user input (a template's raise_exception, odd unicode) is the
+    # input's fault, never a 500.
+    names = {c.__name__ for c in type(e).__mro__}
+    if isinstance(e, (ValueError, TypeError, UnicodeError, LookupError)) or names & {"TemplateError", "UndefinedError"}:
+        log.info("request refused while preparing the prompt: %s: %s", type(e).__name__, e)
+        return ApiError(400, f"the prompt could not be prepared: {type(e).__name__}: {e}", param="messages")
+    return e
+
+
+def sampling_params(fields: dict[str, Any], n: int) -> list[SamplingParams]:
+    """One SamplingParams per choice; with a seed, choice i gets seed + i so choices differ reproducibly."""
+    base = SamplingParams.create(**{k: v for k, v in fields.items() if v is not None or k == "max_tokens"})
+    if n == 1:
+        return [base]
+    if base.seed is None:
+        return [base] * n
+    return [msgspec.structs.replace(base, seed=(base.seed + i) % 2**63) for i in range(n)]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex}"
+
+
+def unix_time() -> int:
+    return int(time.time())
+
+
+class Generation:
+    """The output of one choice so far: answer and reasoning text, logprobs, and how it ended."""
+
+    __slots__ = ("index", "handle", "splitter", "content", "reasoning", "logprobs", "finished", "num_tokens")
+
+    def __init__(self, index: int, handle: RequestHandle, splitter: ReasoningSplitter | None) -> None:
+        self.index = index
+        self.handle = handle
+        self.splitter = splitter
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.logprobs: list[PositionLogprobs] = []
+        self.finished: Finished | None = None
+        self.num_tokens = 0
+
+    def on_tokens(self, ev: TokensEmitted) -> tuple[str, str]:
+        """Account for one delta; returns (reasoning, answer) text it adds."""
+        self.num_tokens += len(ev.token_ids)
+        if ev.logprobs:
+            self.logprobs.extend(ev.logprobs)
+        if self.splitter is None:
+            reasoning, answer = "", ev.text
+        else:
+            reasoning, answer = self.splitter.feed(ev.token_ids, ev.text)
+        if reasoning:
+            self.reasoning.append(reasoning)
+        if answer:
+            self.content.append(answer)
+        return reasoning, answer
+
+    def on_finished(self, ev: Finished) -> tuple[str, str]:
+        """Record the end; returns the text a splitter still held."""
+        self.finished = ev
+        if self.splitter is None:
+            return "", ""
+        reasoning, answer = self.splitter.flush()
+        if reasoning:
+            self.reasoning.append(reasoning)
+        if answer:
+            self.content.append(answer)
+        return reasoning, answer
+
+    @property
+    def text(self) -> str:
+        return "".join(self.content)
+
+    @property
+    def reasoning_text(self) -> str | None:
+        return "".join(self.reasoning) if self.reasoning else None
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return self.splitter.reasoning_tokens if self.splitter is not None else 0
+
+    @property
+    def usage(self) -> Usage:
+        u = self.finished.usage if self.finished is not None else Usage()
+        return msgspec.structs.replace(u, reasoning_tokens=self.reasoning_tokens)
+
+
+def check_outcome(ev: object) -> None:
+    """Raise for an event that ends a request without an answer (failed, or aborted by the server)."""
+    if type(ev) is RequestFailed:
+        raise ApiError(500, f"the model failed on this request: {ev.error_type}: {ev.message}",  # type: ignore[attr-defined]
+                       error_type="api_error")
+    if type(ev) is Finished and ev.reason == "abort":  # type: ignore[attr-defined]
+        raise ApiError(503, "the request was aborted by the server (shutting down or overloaded); retry",
+                       error_type="overloaded_error", retry_after=1.0)
+
+
+def total_usage(gens: Sequence[Generation]) -> Usage:
+    """Usage of n choices of one prompt: the prompt counted once, outputs summed."""
+    first = gens[0].usage
+    return Usage(prompt_tokens=first.prompt_tokens, cached_tokens=first.cached_tokens,
+                 completion_tokens=sum(g.usage.completion_tokens for g in gens),
+                 reasoning_tokens=sum(g.reasoning_tokens for g in gens))
+
+
+async def events_of(handles: Sequence[RequestHandle]) -> AsyncIterator[tuple[int, Any]]:
+    """(choice index, event) of several handles as they come; one handle is read directly."""
+    if len(handles) == 1:
+        async for ev in handles[0]:
+            yield 0, ev
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, h: RequestHandle) -> None:
+        try:
+            async for ev in h:
+                queue.put_nowait((i, ev))
+        finally:
+            queue.put_nowait((i, None))
+
+    tasks = [asyncio.get_running_loop().create_task(pump(i, h)) for i, h in enumerate(handles)]
+    try:
+        left = len(tasks)
+        while left:
+            i, ev = await queue.get()
+            if ev is None:
+                left -= 1
+            else:
+                yield i, ev
+    finally:
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+
+
+def close_all(handles: Sequence[RequestHandle]) -> None:
+    for h in handles:
+        h.close()
