@@ -26,6 +26,7 @@ from modelcall.core.params import SamplingParams
 from modelcall.core.plan import ModelSpec
 from modelcall.core.request import Request
 from modelcall.core.stages import KVCachePolicy, ModelRunner, Sampler, Scheduler, Tokenizer
+from modelcall.core.tooling import ToolSupport
 from modelcall.events import Event, EventBus, RequestAdmitted, RequestQueued, RequestRejected, now
 
 log = logging.getLogger("modelcall.kernel")
@@ -51,6 +52,7 @@ class Kernel:
         self.model_dir: str = ""
         self.safety_filters: list[tuple[str, Any]] = []
         self.meters: list[tuple[str, Any]] = []
+        self.tools: ToolSupport | None = None  # tool-call parsers and the constraint backend
         self.engine: Engine | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._draining = False
@@ -95,6 +97,7 @@ class Kernel:
             self.bus.subscribe(event_type, observer, kw.get("name") or (args[2] if len(args) > 2 else _plugin))
         self.safety_filters = [(p, a[0]) for p, a, _ in host.collect("register_safety_filters", config=cfg)]
         self.meters = [(p, a[0]) for p, a, _ in host.collect("register_meters", config=cfg)]
+        self.tools = ToolSupport.assemble(host, cfg, self.tokenizer, self.model_dir, self.bus)
         self.bus.freeze()
         self.engine = Engine(self.scheduler, self.runner, self.kv, self.bus, self.window, cfg.consumer_timeout_s)
         await host.lifecycle("startup", kernel=self)
@@ -152,8 +155,17 @@ class Kernel:
                      tools: list[dict] | None = None, prompt_token_ids: list[int] | None = None,
                      params: SamplingParams | None = None, request_id: str | None = None,
                      task_id: str | None = None, priority: int = 0, cache_salt: str | None = None,
-                     chat_template_kwargs: dict | None = None, **param_fields: Any) -> RequestHandle:
+                     chat_template_kwargs: dict | None = None, tool_choice: Any = None,
+                     response_format: Any = None, parallel_tool_calls: bool | None = None,
+                     tool_parser: str | None = None, logits_processors: Iterable[Any] = (), **param_fields: Any) -> RequestHandle:
         """Admit one request (tokenize, check the context budget, queue it) and return its handle.
+
+        Tools and structured output (OpenAI meanings): with `tools` and `tool_choice` other than
+        "none", the model's tool-call parser (or `tool_parser`) turns call markup into
+        `TokensEmitted.tool_calls` deltas and `ToolRequested` events, and the request finishes with
+        "tool_calls"; `tool_choice` "required" or a named function, and `response_format` json_object
+        or json_schema, add a constraint backend's logits processor. `logits_processors` adds the
+        caller's own (see `Request.logits_processors`).
 
         Exactly one of `prompt` (text), `messages` (chat, rendered with the model's template,
         optionally with `tools`) or `prompt_token_ids`. Raises InvalidRequest / ContextOverflow /
@@ -169,6 +181,13 @@ class Kernel:
             elif param_fields:
                 raise InvalidRequest(f"give either params or sampling fields, not both: {sorted(param_fields)}")
             ids = await self._prompt_ids(prompt, messages, tools, prompt_token_ids, chat_template_kwargs)
+            prepared = None
+            if self.tools is not None:
+                eos, ts = self.spec.eos_token_ids | self.tokenizer.eos_token_ids, self.tools
+                prepared = await anyio.to_thread.run_sync(lambda: ts.prepare(
+                    request_id=rid, task_id=task_id, eos_token_ids=eos, tools=tools, tool_choice=tool_choice,
+                    response_format=response_format, parallel_tool_calls=parallel_tool_calls,
+                    tool_parser=tool_parser, logits_processors=logits_processors))
             max_tokens = self._budget(len(ids), params)
             if self.scheduler.num_waiting >= self.config.max_queued:
                 raise Overloaded(f"{self.scheduler.num_waiting} requests are waiting (limit {self.config.max_queued})")
@@ -181,6 +200,9 @@ class Kernel:
                       | self.tokenizer.eos_token_ids)
         detok = self.tokenizer.detokenizer(ids, skip_special_tokens=params.skip_special_tokens)
         record = RequestRecord(req, OutputState(detok, params.stop, params.include_stop_str_in_output), received, now())
+        if prepared is not None:
+            req.logits_processors.extend(prepared.processors)
+            record.tools = prepared.stream
         stream = self.bus.open_stream(rid, self.config.stream_capacity)
         assert self.engine is not None
         self.bus.publish((

@@ -10,6 +10,8 @@ import time
 
 import msgspec
 
+from modelcall.events.tools import ToolCallDelta
+
 now = time.monotonic  # NOTE: every timestamp in modelcall is on this clock; wall time only at the edges
 
 
@@ -115,7 +117,7 @@ class PrefillDone(Event):
 
 
 class TokensEmitted(Event):
-    """New tokens of one request in one engine step, with the text they completed.
+    """New tokens of one request in one engine step, with the text (and tool-call fragments) they completed.
 
     `text` may be shorter than the tokens suggest: bytes of an unfinished character and text
     that might still become a stop string are held back until they are decided.
@@ -124,6 +126,9 @@ class TokensEmitted(Event):
     token_ids: tuple[int, ...]
     text: str
     logprobs: tuple[PositionLogprobs, ...] | None = None
+    # Tool-call fragments this step decided (only for requests that offered tools); markup that
+    # became these is not in `text`.
+    tool_calls: tuple[ToolCallDelta, ...] | None = None
 
 
 class Preempted(Event):

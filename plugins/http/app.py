@@ -5,7 +5,7 @@
 Other plugins extend it through hooks: `register_routes(register, config)` adds routes and
 `register_middlewares(register, config)` adds aiohttp middlewares (inside the error middleware,
 so an `ApiError` they raise is answered in the route's protocol shape). Each request carries
-`request["modelcall.received"]` (monotonic time the front end saw it) for timing.
+`request[RECEIVED]` (monotonic time the front end saw it) for timing.
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ log = logging.getLogger("modelcall.http")
 CONTEXT = web.AppKey("modelcall.context", ServingContext)
 KERNEL = web.AppKey("modelcall.kernel", Kernel)
 INFLIGHT = web.AppKey("modelcall.inflight", dict)
+RECEIVED = web.RequestKey("modelcall.received", float)  # monotonic time the front end saw the request
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 RouteSpec = tuple[str, str, Handler]
@@ -60,7 +61,11 @@ def create_app(kernel: Kernel, settings: ServerSettings | None = None, *, middle
     for method, path, handler in extra:
         add(method, path, handler)
     doc = msgspec.json.encode(openapi.document(extra_paths=_extra_paths(extra)))
-    add("GET", "/openapi.json", lambda _request: _json_bytes(doc))
+
+    async def openapi_json(_request: web.Request) -> web.Response:
+        return _json_bytes(doc)
+
+    add("GET", "/openapi.json", openapi_json)
     return app
 
 
@@ -108,7 +113,7 @@ def _json_route(body_type: type, fn: Callable[..., Awaitable[web.StreamResponse]
 @web.middleware
 async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Outermost: count in-flight requests, time them, and answer every error in the route's shape."""
-    request["modelcall.received"] = time.monotonic()
+    request[RECEIVED] = time.monotonic()
     inflight = request.app[INFLIGHT]
     inflight["count"] += 1
     try:

@@ -103,3 +103,14 @@ async def serve(kernel: Kernel, settings: ServerSettings, stop: asyncio.Event | 
     print("modelcall: stopped", flush=True)
     sys.stdout.flush()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m modelcall.plugins.http.serve ...`: the same as `modelcall serve ...`."""
+    parser = argparse.ArgumentParser(prog="modelcall serve", description="serve the model over HTTP")
+    configure(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
