@@ -8,5 +8,6 @@ which pytest loads by itself once modelcall is installed (entry point `pytest11`
 """
 from modelcall.testing.collector import EventCollector
 from modelcall.testing.kernels import TEST_CONFIG, installed_plugin_names, kernel_for_test
+from modelcall.testing.scripted import ScriptedSampler
 
-__all__ = ["TEST_CONFIG", "EventCollector", "installed_plugin_names", "kernel_for_test"]
+__all__ = ["TEST_CONFIG", "EventCollector", "ScriptedSampler", "installed_plugin_names", "kernel_for_test"]

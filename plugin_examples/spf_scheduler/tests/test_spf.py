@@ -2,7 +2,7 @@
 import pytest
 
 import modelcall_spf
-from modelcall.events import Finished, Preempted
+from modelcall.events import Finished, Preempted, PrefillDone
 
 pytestmark = pytest.mark.anyio
 
@@ -12,11 +12,17 @@ PROMPTS = {"long": list(range(10, 70)), "short": list(range(10, 20)), "medium": 
 
 
 async def run_burst(make_kernel, plugins, **config):
-    """Submit every prompt before the engine gets a turn; return (completion order, texts)."""
-    async with make_kernel(plugins=plugins, max_num_seqs=1, **config) as kernel:
+    """While a long request holds the only slot, queue every prompt; return (completion order, texts)."""
+    async with make_kernel(plugins=plugins, **{"max_num_seqs": 1, **config}) as kernel:
+        blocker = await kernel.submit(prompt_token_ids=[5, 6, 7], request_id="blocker", max_tokens=64,
+                                      ignore_eos=True)
+        async for ev in blocker:
+            if isinstance(ev, PrefillDone):
+                break  # it runs: everything submitted now waits in the queue
         handles = [await kernel.submit(prompt_token_ids=ids, request_id=name, max_tokens=6,
                                        temperature=0, ignore_eos=True) for name, ids in PROMPTS.items()]
         results = {h.request_id: await h.result() for h in handles}
+        await blocker.result()
         assert kernel.kv.num_free_blocks() == kernel.kv.num_blocks  # nothing leaked
         order = sorted(results, key=lambda rid: results[rid].finished.timings.finished)
         return order, {rid: c.text for rid, c in results.items()}
@@ -38,9 +44,18 @@ async def test_spf_is_the_stage_that_answered_and_declines_when_another_is_named
         assert not isinstance(kernel.scheduler, modelcall_spf.ShortestPromptFirst)
 
 
+async def generate_all(make_kernel, **config):
+    async with make_kernel(plugins=[modelcall_spf], max_num_seqs=4, **config) as kernel:
+        handles = [await kernel.submit(prompt_token_ids=list(range(10 + i, 30 + i)), request_id=f"r{i}",
+                                       max_tokens=24, temperature=0, ignore_eos=True) for i in range(4)]
+        texts = {h.request_id: (await h.result()).text for h in handles}
+        assert kernel.kv.num_free_blocks() == kernel.kv.num_blocks
+        return texts
+
+
 async def test_preemption_under_a_tiny_kv_pool_recomputes_and_loses_nothing(make_kernel, events):
-    order, texts = await run_burst(make_kernel, [modelcall_spf], max_num_seqs=4, num_kv_blocks=8, block_size=16)
-    _, reference = await run_burst(make_kernel, [])
-    assert texts == reference
+    # four requests of 20 + 24 tokens need 12 blocks of 16 at the end; the pool has 8
+    squeezed = await generate_all(make_kernel, num_kv_blocks=8, block_size=16)
     assert events.of(Preempted), "the pool was meant to be too small for all four at once"
-    assert {e.request_id for e in events.of(Finished)} >= set(PROMPTS)
+    roomy = await generate_all(make_kernel, num_kv_blocks=64, block_size=16)
+    assert squeezed == roomy
