@@ -31,6 +31,34 @@ class ContextOverflow(InvalidRequest):
             "Shorten the prompt or lower max_tokens.", field="messages")
 
 
+class ContentBlocked(InvalidRequest):
+    """A safety filter refused the prompt; `filter` names it and the message gives its reason."""
+
+    code = "content_filter"
+
+    def __init__(self, filter_name: str, reason: str) -> None:
+        self.filter = filter_name
+        super().__init__(f"the prompt was blocked by the {filter_name} filter: {reason}", field="messages")
+
+
+class Unauthenticated(ModelcallError):
+    """No valid API key was presented (the key itself is never echoed)."""
+
+    status = 401
+    error_type = "authentication_error"
+
+
+class PermissionDenied(ModelcallError):
+    """The caller is authenticated but may not use this model or tool."""
+
+    status = 403
+    error_type = "permission_error"
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class ModelNotFound(ModelcallError):
     status = 404
     error_type = "not_found_error"

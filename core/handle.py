@@ -18,6 +18,8 @@ class RequestHandle:
         self.prompt_token_ids = prompt_token_ids
         self._stream = stream
         self._abort = abort
+        self.context: dict | None = None       # what a context policy dropped to fit the window, if anything
+        self.prompt_parts: dict | None = None  # prompt tokens by part (chat prompts)
 
     def __aiter__(self) -> RequestHandle:
         return self

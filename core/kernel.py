@@ -18,16 +18,24 @@ import msgspec
 
 from modelcall.core.config import KernelConfig
 from modelcall.core.engine import Engine, RequestRecord
-from modelcall.core.errors import ContextOverflow, InvalidRequest, ModelNotFound, Overloaded, Unavailable
+from modelcall.core.admission import admit_chat, check_policy
+from modelcall.core.context import message_text
+from modelcall.core.errors import (
+    ContentBlocked, ContextOverflow, InvalidRequest, ModelNotFound, Overloaded, PermissionDenied, Unavailable,
+)
 from modelcall.core.handle import Completion, RequestHandle
 from modelcall.core.host import PluginHost, PluginLike
+from modelcall.core.metering import Admission, Caller, current_exchange, tool_names
 from modelcall.core.output import OutputState
 from modelcall.core.params import SamplingParams
 from modelcall.core.plan import ModelSpec
 from modelcall.core.request import Request
+from modelcall.core.safety import FilteredOutputState, check_input, output_chain
 from modelcall.core.stages import KVCachePolicy, ModelRunner, Sampler, Scheduler, Tokenizer
 from modelcall.core.tooling import ToolSupport
-from modelcall.events import Event, EventBus, RequestAdmitted, RequestQueued, RequestRejected, now
+from modelcall.events import (
+    TERMINAL_EVENTS, Event, EventBus, RequestAdmitted, RequestQueued, RequestRejected, now,
+)
 
 log = logging.getLogger("modelcall.kernel")
 
@@ -53,6 +61,8 @@ class Kernel:
         self.safety_filters: list[tuple[str, Any]] = []
         self.meters: list[tuple[str, Any]] = []
         self.tools: ToolSupport | None = None  # tool-call parsers and the constraint backend
+        self._reservers: list[Any] = []               # meters with reserve(admission)
+        self._output_filters: list[tuple[str, Any]] = []  # safety filters with output_filter(request)
         self.engine: Engine | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._draining = False
@@ -97,6 +107,10 @@ class Kernel:
             self.bus.subscribe(event_type, observer, kw.get("name") or (args[2] if len(args) > 2 else _plugin))
         self.safety_filters = [(p, a[0]) for p, a, _ in host.collect("register_safety_filters", config=cfg)]
         self.meters = [(p, a[0]) for p, a, _ in host.collect("register_meters", config=cfg)]
+        for name, meter in self.meters:  # meters settle on each request's terminal event
+            self.bus.subscribe(TERMINAL_EVENTS, meter.observe, f"{name}.meter")
+        self._reservers = [m for _, m in self.meters if hasattr(m, "reserve")]
+        self._output_filters = [(n, f) for n, f in self.safety_filters if hasattr(f, "output_filter")]
         self.tools = ToolSupport.assemble(host, cfg, self.tokenizer, self.model_dir, self.bus)
         self.bus.freeze()
         self.engine = Engine(self.scheduler, self.runner, self.kv, self.bus, self.window, cfg.consumer_timeout_s)
@@ -157,7 +171,8 @@ class Kernel:
                      task_id: str | None = None, priority: int = 0, cache_salt: str | None = None,
                      chat_template_kwargs: dict | None = None, tool_choice: Any = None,
                      response_format: Any = None, parallel_tool_calls: bool | None = None,
-                     tool_parser: str | None = None, logits_processors: Iterable[Any] = (), **param_fields: Any) -> RequestHandle:
+                     tool_parser: str | None = None, logits_processors: Iterable[Any] = (), caller: Caller | None = None,
+                     context_policy: str | None = None, retries: int = 0, **param_fields: Any) -> RequestHandle:
         """Admit one request (tokenize, check the context budget, queue it) and return its handle.
 
         Tools and structured output (OpenAI meanings): with `tools` and `tool_choice` other than
@@ -169,10 +184,22 @@ class Kernel:
 
         Exactly one of `prompt` (text), `messages` (chat, rendered with the model's template,
         optionally with `tools`) or `prompt_token_ids`. Raises InvalidRequest / ContextOverflow /
-        Overloaded / Unavailable before any compute.
+        ContentBlocked / PermissionDenied / Overloaded / Unavailable before any compute.
+
+        `caller` (default: the one set with `modelcall.core.metering.acting_as`) is charged by
+        the meters; `context_policy="drop_oldest"` lets a chat prompt over the window drop its
+        oldest history (the handle's `context` says what went).
         """
         received = now()
         rid = request_id or f"req-{uuid.uuid4().hex[:16]}"
+        ex = current_exchange()
+        if ex is not None:  # what the front end knew about this exchange (caller, task, policy)
+            caller = caller if caller is not None else ex.caller
+            task_id = task_id if task_id is not None else ex.task_id
+            context_policy = context_policy or ex.context_policy
+            retries = retries or ex.retries
+        parts: dict[str, int] | None = None
+        context: dict[str, Any] | None = None
         try:
             if self.engine is None or not self.engine.alive or self._draining:
                 raise Unavailable("the kernel is not accepting requests (starting, draining or stopped)")
@@ -180,6 +207,12 @@ class Kernel:
                 params = SamplingParams.create(**param_fields)
             elif param_fields:
                 raise InvalidRequest(f"give either params or sampling fields, not both: {sorted(param_fields)}")
+            if self.safety_filters:
+                texts = [prompt] if isinstance(prompt, str) else [message_text(m) for m in messages or ()]
+                blocked = check_input(self.safety_filters, texts)
+                if blocked is not None:
+                    raise ContentBlocked(*blocked)
+            policy = check_policy(context_policy)
             ids = await self._prompt_ids(prompt, messages, tools, prompt_token_ids, chat_template_kwargs)
             prepared = None
             if self.tools is not None:
@@ -188,10 +221,26 @@ class Kernel:
                     request_id=rid, task_id=task_id, eos_token_ids=eos, tools=tools, tool_choice=tool_choice,
                     response_format=response_format, parallel_tool_calls=parallel_tool_calls,
                     tool_parser=tool_parser, logits_processors=logits_processors))
-            max_tokens = self._budget(len(ids), params)
+            if messages is not None:
+                tok, budget = self.tokenizer, (lambda n: self._budget(n, params))
+                chat = await anyio.to_thread.run_sync(
+                    lambda: admit_chat(tok, messages, tools, chat_template_kwargs, ids, budget, policy))
+                ids, parts, max_tokens = chat.ids, chat.parts, chat.max_tokens
+                if chat.dropped_messages:
+                    context = {"policy": policy, "dropped_messages": chat.dropped_messages,
+                               "dropped_tokens": chat.dropped_tokens}
+            else:
+                max_tokens = self._budget(len(ids), params)
             if self.scheduler.num_waiting >= self.config.max_queued:
                 raise Overloaded(f"{self.scheduler.num_waiting} requests are waiting (limit {self.config.max_queued})")
-        except (InvalidRequest, Overloaded, Unavailable) as e:
+            if caller is not None and not priority:
+                priority = caller.priority
+            if self._reservers:
+                adm = Admission(request_id=rid, task_id=task_id, model=self.model_name, caller=caller,
+                                prompt_tokens=len(ids), max_tokens=max_tokens, tools=tool_names(tools))
+                for meter in self._reservers:  # a refusal's RequestRejected lets earlier meters release
+                    meter.reserve(adm)
+        except (InvalidRequest, Overloaded, Unavailable, PermissionDenied) as e:
             self.bus.publish((RequestRejected(request_id=rid, task_id=task_id, status=e.status,
                                               error_type=e.error_type, message=str(e)),))
             raise
@@ -199,7 +248,10 @@ class Kernel:
                       cache_salt=cache_salt, max_tokens=max_tokens, eos_token_ids=self.spec.eos_token_ids
                       | self.tokenizer.eos_token_ids)
         detok = self.tokenizer.detokenizer(ids, skip_special_tokens=params.skip_special_tokens)
-        record = RequestRecord(req, OutputState(detok, params.stop, params.include_stop_str_in_output), received, now())
+        chain = output_chain(self._output_filters, req) if self._output_filters else None
+        output = (OutputState(detok, params.stop, params.include_stop_str_in_output) if chain is None
+                  else FilteredOutputState(detok, params.stop, params.include_stop_str_in_output, chain))
+        record = RequestRecord(req, output, received, now())
         if prepared is not None:
             req.logits_processors.extend(prepared.processors)
             record.tools = prepared.stream
@@ -207,11 +259,18 @@ class Kernel:
         assert self.engine is not None
         self.bus.publish((
             RequestAdmitted(request_id=rid, task_id=task_id, ts=record.admitted, model=self.model_name,
-                            prompt_tokens=len(ids), max_tokens=max_tokens, priority=priority),
+                            prompt_tokens=len(ids), max_tokens=max_tokens, priority=priority,
+                            caller=caller.name if caller is not None else None, prompt_parts=parts,
+                            dropped_messages=context["dropped_messages"] if context else 0, retries=retries),
             RequestQueued(request_id=rid, task_id=task_id, ts=record.admitted, num_waiting=self.scheduler.num_waiting + 1),
         ))
         self.engine.add(record)
-        return RequestHandle(rid, task_id, stream, self.abort, ids)
+        handle = RequestHandle(rid, task_id, stream, self.abort, ids)
+        handle.context = context
+        handle.prompt_parts = parts
+        if ex is not None:
+            ex.handles.append(handle)
+        return handle
 
     async def generate(self, prompt: str | None = None, **kwargs: Any) -> AsyncIterator[Event]:
         """Admit a request and yield its events; leaving the loop early aborts it."""

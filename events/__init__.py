@@ -7,14 +7,14 @@ from modelcall.events.tools import ToolCallDelta
 from modelcall.events.types import (
     REQUEST_EVENTS, TERMINAL_EVENTS, AnyEvent, Event, Finished, PositionLogprobs, Preempted,
     PrefillDone, RequestAdmitted, RequestFailed, RequestQueued, RequestRejected, RequestScheduled,
-    StepDone, Timings, TokenLogprob, TokensEmitted, ToolExecuted, ToolFailed, ToolRequested, Usage,
+    ResponseSent, StepDone, Timings, TokenLogprob, TokensEmitted, ToolExecuted, ToolFailed, ToolRequested, Usage,
     now,
 )
 
 __all__ = [
     "REQUEST_EVENTS", "TERMINAL_EVENTS", "AnyEvent", "Event", "EventBus", "Finished", "Observer",
     "OffloadedObserver", "PositionLogprobs", "Preempted", "PrefillDone", "RequestAdmitted",
-    "RequestFailed", "RequestQueued", "RequestRejected", "RequestScheduled", "RequestStream",
+    "RequestFailed", "RequestQueued", "RequestRejected", "RequestScheduled", "RequestStream", "ResponseSent",
     "StepDone", "Timings", "TokenLogprob", "TokensEmitted", "ToolCallDelta", "ToolExecuted", "ToolFailed",
     "ToolRequested", "Usage", "from_json", "from_msgpack", "merge_deltas", "now", "to_builtins",
     "to_json", "to_msgpack",

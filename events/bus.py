@@ -76,6 +76,15 @@ class EventBus:
                     if isinstance(ev, TERMINAL_EVENTS):
                         del streams[rid]
 
+    def observer_stats(self) -> dict[str, dict[str, int]]:
+        """Per observer that counts them (e.g. an OffloadedObserver): events dropped and failed."""
+        out: dict[str, dict[str, int]] = {}
+        for _t, fn, label in self._registered:
+            dropped = getattr(fn, "dropped", None)
+            if isinstance(dropped, int) and label not in out:
+                out[label] = {"dropped": dropped, "errors": int(getattr(fn, "errors", 0))}
+        return out
+
     def stale_streams(self, now: float, timeout_s: float) -> list[str]:
         """Requests whose consumer has been gone, or lagging, for longer than `timeout_s`."""
         return [rid for rid, s in self._streams.items()

@@ -15,10 +15,20 @@ _STOP = object()
 
 
 class OffloadedObserver:
-    """Wraps `handle(event)` so it runs on a worker thread fed by a bounded queue."""
+    """Wraps `handle(event)` so it runs on a worker thread fed by a bounded queue.
 
-    def __init__(self, handle: Callable[[object], None], maxsize: int = 10_000, name: str = "observer") -> None:
+    With `handle_batch(events)` instead, the worker takes every event waiting (up to
+    `max_batch`) at once, e.g. to write them in one database transaction.
+    """
+
+    def __init__(self, handle: Callable[[object], None] | None = None, maxsize: int = 10_000,
+                 name: str = "observer", *, handle_batch: Callable[[list], None] | None = None,
+                 max_batch: int = 512) -> None:
+        if (handle is None) == (handle_batch is None):
+            raise ValueError("give exactly one of handle and handle_batch")
         self._handle = handle
+        self._handle_batch = handle_batch
+        self.max_batch = max_batch
         self._queue: queue.Queue = queue.Queue(maxsize)
         self.name = name
         self.dropped = 0
@@ -33,6 +43,8 @@ class OffloadedObserver:
             self.dropped += 1
 
     def _run(self) -> None:
+        if self._handle_batch is not None:
+            return self._run_batches()
         while (ev := self._queue.get()) is not _STOP:
             try:
                 self._handle(ev)
@@ -42,6 +54,28 @@ class OffloadedObserver:
             finally:
                 self._queue.task_done()
         self._queue.task_done()
+
+    def _run_batches(self) -> None:
+        q, stop = self._queue, False
+        while not stop:
+            batch = [q.get()]
+            while len(batch) < self.max_batch:
+                try:
+                    batch.append(q.get_nowait())
+                except queue.Empty:
+                    break
+            if batch[-1] is _STOP or _STOP in batch:
+                stop = True
+                batch = [e for e in batch if e is not _STOP]
+            try:
+                if batch:
+                    self._handle_batch(batch)
+            except Exception:
+                self.errors += 1
+                log.exception("offloaded observer %s failed on a batch of %d", self.name, len(batch))
+            finally:
+                for _ in range(len(batch) + stop):
+                    q.task_done()
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued event has been handled."""

@@ -96,6 +96,10 @@ class RequestAdmitted(Event):
     prompt_tokens: int
     max_tokens: int
     priority: int = 0
+    caller: str | None = None                   # the authenticated caller's name (never a key)
+    prompt_parts: dict[str, int] | None = None  # prompt tokens by part (see modelcall.core.context)
+    dropped_messages: int = 0                   # history messages a context policy dropped to fit
+    retries: int = 0                            # earlier attempts of this request, as the caller told
 
 
 class RequestQueued(Event):
@@ -173,6 +177,16 @@ class Finished(Event):
     stop_reason: str | int | None = None  # the stop string or token id that matched
 
 
+class ResponseSent(Event):
+    """The front end wrote the last byte of the request's response (after Finished).
+
+    `usage` is the usage the response reported when the front end refined it (e.g. reasoning
+    tokens counted while splitting the output)."""
+
+    status: int = 200
+    usage: Usage | None = None
+
+
 class RequestRejected(Event):
     """The entry stage refused the request before any compute (bad input, over budget, full)."""
 
@@ -205,10 +219,11 @@ class StepDone(msgspec.Struct, frozen=True, gc=False, tag=True, kw_only=True):
 
 REQUEST_EVENTS = (
     RequestAdmitted, RequestQueued, RequestScheduled, PrefillDone, TokensEmitted, Preempted,
-    ToolRequested, ToolExecuted, ToolFailed, Finished, RequestRejected, RequestFailed,
+    ToolRequested, ToolExecuted, ToolFailed, Finished, RequestRejected, RequestFailed, ResponseSent,
 )
 TERMINAL_EVENTS = (Finished, RequestRejected, RequestFailed)
 AnyEvent = (
     RequestAdmitted | RequestQueued | RequestScheduled | PrefillDone | TokensEmitted | Preempted
     | ToolRequested | ToolExecuted | ToolFailed | Finished | RequestRejected | RequestFailed | StepDone
+    | ResponseSent
 )

@@ -1,0 +1,75 @@
+"""The front-end side of the records: task ids and context policy in, response-sent time out.
+
+An aiohttp middleware for `modelcall serve` (through `register_middlewares`):
+
+* reads `x-modelcall-task-id`, `x-modelcall-retries` and the request option `context_policy`
+  (JSON body field or `x-modelcall-context-policy` header) into the exchange, so the kernel
+  records them with every request this HTTP request makes;
+* after the handler, makes sure the response is fully written, then publishes `ResponseSent`
+  for each admitted request (the ledger's `response_sent`, the report's streaming time);
+* when a context policy dropped history to fit the window, says so in the
+  `x-modelcall-context-dropped` header of a non-streamed response (streamed responses have
+  sent their headers by then; the ledger and the report still record it).
+"""
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from modelcall.core.metering import exchange
+from modelcall.events import ResponseSent
+
+TASK_HEADER = "x-modelcall-task-id"
+RETRIES_HEADER = "x-modelcall-retries"
+POLICY_HEADER = "x-modelcall-context-policy"
+DROPPED_HEADER = "x-modelcall-context-dropped"
+
+
+def _policy_from_body(raw: bytes) -> str | None:
+    if b"context_policy" not in raw:  # NOTE: skip the JSON parse for the common case
+        return None
+    try:
+        body = msgspec.json.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    policy = body.get("context_policy") if isinstance(body, dict) else None
+    return policy if isinstance(policy, str) else None
+
+
+def exchange_middleware(kernel_of: Callable[[], Any]) -> Callable[..., Any]:
+    @web.middleware
+    async def records(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                      ) -> web.StreamResponse:
+        if request.method != "POST":
+            return await handler(request)
+        headers = request.headers
+        try:
+            retries = max(0, int(headers.get(RETRIES_HEADER, "0")))
+        except ValueError:
+            retries = 0
+        policy = headers.get(POLICY_HEADER)
+        if policy is None and request.content_type == "application/json":
+            policy = _policy_from_body(await request.read())
+        with exchange(task_id=headers.get(TASK_HEADER) or None, context_policy=policy, retries=retries) as ex:
+            response = await handler(request)
+            handles = list(ex.handles)
+        if not handles:
+            return response
+        if not response.prepared:
+            dropped = [h.context for h in handles if h.context]
+            if dropped:
+                d = dropped[0]
+                response.headers[DROPPED_HEADER] = (f"policy={d['policy']}; messages={d['dropped_messages']}; "
+                                                    f"tokens={d['dropped_tokens']}")
+            await response.prepare(request)
+        await response.write_eof()
+        kernel = kernel_of()
+        if kernel is not None:
+            kernel.bus.publish([ResponseSent(request_id=h.request_id, task_id=h.task_id, status=response.status)
+                                for h in handles])
+        return response
+
+    return records

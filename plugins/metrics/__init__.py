@@ -1,0 +1,1 @@
+"""Prometheus metrics under `modelcall:` (vLLM's names where they exist), one registry per kernel."""
