@@ -1,0 +1,133 @@
+"""`modelcall`: parse global options, gather subcommands (built-in and from plugins), run one.
+
+User errors (bad input, bad configuration, a missing model) print one line on stderr and exit 2;
+a failure while running exits 1; only a bug shows a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from modelcall.core import ConfigError, InvalidRequest, ModelcallError, ModelNotFound, PluginHost
+from modelcall.core import __version__
+from modelcall.plugins.cli import builtin
+from modelcall.plugins.cli.options import CommandError
+
+
+class Command:
+    __slots__ = ("name", "help", "configure", "run", "plugin")
+
+    def __init__(self, name: str, help: str, configure: Callable[[argparse.ArgumentParser], Any],
+                 run: Callable[[argparse.Namespace], Any], plugin: str = "modelcall") -> None:
+        self.name, self.help, self.configure, self.run, self.plugin = name, help, configure, run, plugin
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # NOTE: before anything imports transformers: the command line shows no download-style bars.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    plugins, blocked = _global_plugin_options(argv)
+    try:
+        commands = _commands(plugins, blocked)
+    except ModelcallError as e:
+        return _fail(f"{e} (block a plugin with -p no:NAME)", 1)
+    parser = _parser(commands)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    return run_command(commands[args.command].run, args)
+
+
+def run_command(run: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> int:
+    """Run a subcommand (sync or async), turning errors into a message and an exit status."""
+    try:
+        result = run(args)
+        if inspect.isawaitable(result):
+            import anyio
+            result = anyio.run(_wait, result)
+        return int(result or 0)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `modelcall generate ... | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except BaseException as e:  # noqa: BLE001 - sorted below; bugs are re-raised
+        error = _unwrap(e)
+        if isinstance(error, CommandError):
+            return _fail(str(error), error.code)
+        if isinstance(error, (InvalidRequest, ConfigError, ModelNotFound, FileExistsError, FileNotFoundError,
+                              NotADirectoryError)):
+            return _fail(str(error), 2)
+        if isinstance(error, ModelcallError):
+            return _fail(str(error), 1)
+        raise
+
+
+async def _wait(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _unwrap(e: BaseException) -> BaseException:
+    """The one real error inside task-group exception groups."""
+    while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
+        e = e.exceptions[0]
+    return e
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"modelcall: error: {message}", file=sys.stderr)
+    return code
+
+
+def _global_plugin_options(argv: list[str]) -> tuple[list[str], list[str]]:
+    """`--plugin MODULE` and `-p no:NAME` given before the subcommand (needed to find subcommands)."""
+    plugins: list[str] = []
+    blocked: list[str] = []
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        arg = argv[i]
+        for flag, into in (("--plugin", plugins), ("-p", blocked)):
+            if arg == flag and i + 1 < len(argv):
+                into.append(argv[i + 1])
+                i += 1
+            elif arg.startswith(flag + "=") or (flag == "-p" and arg.startswith("-p") and len(arg) > 2
+                                                 and not arg.startswith("-p=")):
+                into.append(arg[len(flag):].lstrip("="))
+        i += 1
+    return plugins, blocked
+
+
+def _commands(plugins: list[str], blocked: list[str]) -> dict[str, Command]:
+    commands = {c.name: c for c in builtin.commands()}
+    host = PluginHost(plugins, blocked=blocked)
+    for plugin, args, kw in host.collect("register_commands"):
+        fields = dict(zip(("name", "help", "configure", "run"), args)) | kw
+        try:
+            cmd = Command(fields["name"], fields.get("help", ""), fields["configure"], fields["run"], plugin)
+        except KeyError as e:
+            raise ConfigError(f"plugin {plugin!r} registered a command without {e.args[0]!r}") from None
+        if cmd.name in commands:
+            print(f"modelcall: warning: plugin {plugin!r} registers command {cmd.name!r}, already provided by "
+                  f"{commands[cmd.name].plugin!r}; ignored", file=sys.stderr)
+            continue
+        commands[cmd.name] = cmd
+    return commands
+
+
+def _parser(commands: dict[str, Command]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="modelcall", description="Serve and run large language models.")
+    parser.add_argument("--version", action="version", version=f"modelcall {__version__}")
+    parser.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="MODULE",
+                        help="also load this plugin module (repeatable; before the subcommand)")
+    parser.add_argument("-p", dest="blocked", action="append", default=[], metavar="no:NAME",
+                        help="do not load the plugin NAME (repeatable; before the subcommand)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for cmd in sorted(commands.values(), key=lambda c: c.name):
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        cmd.configure(p)
+    return parser
