@@ -10,6 +10,7 @@ from modelcall.core.output import OutputState
 from modelcall.core.plan import SchedulePlan, StepOutput
 from modelcall.core.request import Request, Status
 from modelcall.core.stages import KVCachePolicy, ModelRunner, Scheduler
+from modelcall.core.tools import ToolCallStream
 from modelcall.events import (
     EventBus, Finished, Preempted, PrefillDone, RequestFailed, RequestScheduled, StepDone, Timings,
     TokensEmitted, Usage, now,
@@ -21,7 +22,7 @@ log = logging.getLogger("modelcall.engine")
 class RequestRecord:
     """What the engine keeps beside a Request: output state and the timestamps of its stages."""
 
-    __slots__ = ("request", "output", "received", "admitted", "scheduled", "first_token", "last_token")
+    __slots__ = ("request", "output", "received", "admitted", "scheduled", "first_token", "last_token", "tools")
 
     def __init__(self, request: Request, output: OutputState, received: float, admitted: float) -> None:
         self.request = request
@@ -31,6 +32,7 @@ class RequestRecord:
         self.scheduled: float | None = None
         self.first_token: float | None = None
         self.last_token: float | None = None
+        self.tools: ToolCallStream | None = None  # the request's tool-call parser, when it offered tools
 
 
 class Engine:
@@ -166,15 +168,26 @@ class Engine:
             rec.last_token = t
             text, reason, stop_reason = rec.output.on_token(req, token, self.window)
             lp = logprobs[i] if logprobs is not None else None
+            calls, requested = None, []
+            if rec.tools is not None:  # NOTE: markup becomes tool-call deltas, never content text
+                text, calls = rec.tools.feed(text, reason is not None, requested)
             events.append(TokensEmitted(request_id=req.request_id, task_id=req.task_id, ts=t, token_ids=(token,),
-                                        text=text, logprobs=(lp,) if lp is not None else None))
+                                        text=text, logprobs=(lp,) if lp is not None else None, tool_calls=calls))
+            events.extend(requested)
             if reason is not None:
                 self._finish(rec, reason, stop_reason, "", t, events)
 
     def _finish(self, rec: RequestRecord, reason: str, stop_reason: Any, tail: str, t: float, events: list) -> None:
         req = rec.request
-        if tail:
-            events.append(TokensEmitted(request_id=req.request_id, task_id=req.task_id, ts=t, token_ids=(), text=tail))
+        calls, requested = None, []
+        if rec.tools is not None:
+            tail, calls = rec.tools.feed(tail, True, requested)
+            if rec.tools.calls and reason == "stop":
+                reason = "tool_calls"
+        if tail or calls:
+            events.append(TokensEmitted(request_id=req.request_id, task_id=req.task_id, ts=t, token_ids=(), text=tail,
+                                        tool_calls=calls))
+        events.extend(requested)
         req.finish_reason, req.stop_reason = reason, stop_reason
         self.scheduler.finish(req)
         req.status = Status.FINISHED

@@ -57,6 +57,13 @@ def provide_scheduler(config: Any, kv_cache: Any) -> Any:
     """Return a `modelcall.core.stages.Scheduler` that allocates through `kv_cache`, or None."""
 
 
+@hookspec(firstresult=True)
+def provide_constraint_backend(config: Any, tokenizer: Any, model_dir: str) -> Any:
+    """Return a `modelcall.core.constraints.ConstraintBackend` (a grammar engine over `tokenizer`'s
+    vocabulary) for `response_format` and forced `tool_choice`, or None. Optional: without one,
+    requests that need constrained decoding are refused with a clear error."""
+
+
 # ---- registration hooks ---------------------------------------------------------------------
 
 @hookspec
@@ -81,7 +88,11 @@ def register_meters(register: Any, config: Any) -> None:
 
 @hookspec
 def register_tool_parsers(register: Any) -> None:
-    """Call `register(name, parser_factory)` for each tool-call output format."""
+    """Call `register(name, parser_factory, markers=(...))` for each tool-call output format.
+
+    `parser_factory(new_id)` returns a fresh `modelcall.core.tools.ToolParser` for one response;
+    `markers` are strings whose presence in a model's chat template selects this parser when
+    the configuration (`plugin_config["tools"]["parser"]`) names none."""
 
 
 @hookspec

@@ -95,19 +95,23 @@ ToolParserFactory = Callable[[Callable[[int], str]], ToolParser]
 class ToolCallStream:
     """Runs one response's parser inside the output stage and records the calls it completes."""
 
-    __slots__ = ("parser", "request_id", "task_id", "calls")
+    __slots__ = ("parser", "request_id", "task_id", "calls", "done")
 
     def __init__(self, parser: ToolParser, request_id: str, task_id: str | None) -> None:
         self.parser = parser
         self.request_id = request_id
         self.task_id = task_id
         self.calls: list[ToolCall] = []
+        self.done = False
 
     def feed(self, text: str, final: bool, events: list) -> tuple[str, tuple[ToolCallDelta, ...] | None]:
         """Parse `text` (and, when `final`, everything held back); append a `ToolRequested` to
         `events` for each call completed; return (content text, tool-call deltas or None)."""
+        if self.done:
+            return text, None
         d = self.parser.feed(text) if text else ParserDelta()
         if final:
+            self.done = True
             f = self.parser.finish()
             d = ParserDelta(d.content + f.content, d.deltas + f.deltas, d.completed + f.completed)
         for call in d.completed:

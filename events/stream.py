@@ -17,8 +17,9 @@ from modelcall.events.types import TERMINAL_EVENTS, Event, TokensEmitted, now
 def merge_deltas(a: TokensEmitted, b: TokensEmitted) -> TokensEmitted:
     """One delta that says what `a` then `b` said (timestamp of the later one)."""
     logprobs = None if a.logprobs is None and b.logprobs is None else (a.logprobs or ()) + (b.logprobs or ())
-    return TokensEmitted(request_id=a.request_id, task_id=a.task_id, ts=b.ts,
-                         token_ids=a.token_ids + b.token_ids, text=a.text + b.text, logprobs=logprobs)
+    calls = None if a.tool_calls is None and b.tool_calls is None else (a.tool_calls or ()) + (b.tool_calls or ())
+    return TokensEmitted(request_id=a.request_id, task_id=a.task_id, ts=b.ts, token_ids=a.token_ids + b.token_ids,
+                         text=a.text + b.text, logprobs=logprobs, tool_calls=calls)
 
 
 class RequestStream:
