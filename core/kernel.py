@@ -33,7 +33,6 @@ from modelcall.core.request import Request
 from modelcall.core.safety import FilteredOutputState, check_input, output_chain
 from modelcall.core.stages import KVCachePolicy, ModelRunner, Sampler, Scheduler, Tokenizer
 from modelcall.core.tooling import ToolSupport
-from modelcall.core.tooling import ToolSupport
 from modelcall.events import (
     TERMINAL_EVENTS, Event, EventBus, RequestAdmitted, RequestQueued, RequestRejected, now,
 )
@@ -61,7 +60,6 @@ class Kernel:
         self.model_dir: str = ""
         self.safety_filters: list[tuple[str, Any]] = []
         self.meters: list[tuple[str, Any]] = []
-        self.tools: ToolSupport | None = None  # tool-call parsers and the constraint backend
         self.tools: ToolSupport | None = None  # tool-call parsers and the constraint backend
         self._reservers: list[Any] = []               # meters with reserve(admission)
         self._output_filters: list[tuple[str, Any]] = []  # safety filters with output_filter(request)
@@ -113,7 +111,6 @@ class Kernel:
             self.bus.subscribe(TERMINAL_EVENTS, meter.observe, f"{name}.meter")
         self._reservers = [m for _, m in self.meters if hasattr(m, "reserve")]
         self._output_filters = [(n, f) for n, f in self.safety_filters if hasattr(f, "output_filter")]
-        self.tools = ToolSupport.assemble(host, cfg, self.tokenizer, self.model_dir, self.bus)
         self.tools = ToolSupport.assemble(host, cfg, self.tokenizer, self.model_dir, self.bus)
         self.bus.freeze()
         self.engine = Engine(self.scheduler, self.runner, self.kv, self.bus, self.window, cfg.consumer_timeout_s)
@@ -174,18 +171,9 @@ class Kernel:
                      task_id: str | None = None, priority: int = 0, cache_salt: str | None = None,
                      chat_template_kwargs: dict | None = None, tool_choice: Any = None,
                      response_format: Any = None, parallel_tool_calls: bool | None = None,
-                     tool_parser: str | None = None, logits_processors: Iterable[Any] = (), tool_choice: Any = None,
-                     response_format: Any = None, parallel_tool_calls: bool | None = None,
                      tool_parser: str | None = None, logits_processors: Iterable[Any] = (), caller: Caller | None = None,
                      context_policy: str | None = None, retries: int = 0, **param_fields: Any) -> RequestHandle:
         """Admit one request (tokenize, check the context budget, queue it) and return its handle.
-
-        Tools and structured output (OpenAI meanings): with `tools` and `tool_choice` other than
-        "none", the model's tool-call parser (or `tool_parser`) turns call markup into
-        `TokensEmitted.tool_calls` deltas and `ToolRequested` events, and the request finishes with
-        "tool_calls"; `tool_choice` "required" or a named function, and `response_format` json_object
-        or json_schema, add a constraint backend's logits processor. `logits_processors` adds the
-        caller's own (see `Request.logits_processors`).
 
         Tools and structured output (OpenAI meanings): with `tools` and `tool_choice` other than
         "none", the model's tool-call parser (or `tool_parser`) turns call markup into
@@ -233,13 +221,6 @@ class Kernel:
                     request_id=rid, task_id=task_id, eos_token_ids=eos, tools=tools, tool_choice=tool_choice,
                     response_format=response_format, parallel_tool_calls=parallel_tool_calls,
                     tool_parser=tool_parser, logits_processors=logits_processors))
-            prepared = None
-            if self.tools is not None:
-                eos, ts = self.spec.eos_token_ids | self.tokenizer.eos_token_ids, self.tools
-                prepared = await anyio.to_thread.run_sync(lambda: ts.prepare(
-                    request_id=rid, task_id=task_id, eos_token_ids=eos, tools=tools, tool_choice=tool_choice,
-                    response_format=response_format, parallel_tool_calls=parallel_tool_calls,
-                    tool_parser=tool_parser, logits_processors=logits_processors))
             if messages is not None:
                 tok, budget = self.tokenizer, (lambda n: self._budget(n, params))
                 chat = await anyio.to_thread.run_sync(
@@ -271,9 +252,6 @@ class Kernel:
         output = (OutputState(detok, params.stop, params.include_stop_str_in_output) if chain is None
                   else FilteredOutputState(detok, params.stop, params.include_stop_str_in_output, chain))
         record = RequestRecord(req, output, received, now())
-        if prepared is not None:
-            req.logits_processors.extend(prepared.processors)
-            record.tools = prepared.stream
         if prepared is not None:
             req.logits_processors.extend(prepared.processors)
             record.tools = prepared.stream

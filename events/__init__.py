@@ -4,7 +4,6 @@ from modelcall.events.codec import from_json, from_msgpack, to_builtins, to_json
 from modelcall.events.offload import OffloadedObserver
 from modelcall.events.stream import RequestStream, merge_deltas
 from modelcall.events.tools import ToolCallDelta
-from modelcall.events.tools import ToolCallDelta
 from modelcall.events.types import (
     REQUEST_EVENTS, TERMINAL_EVENTS, AnyEvent, Event, Finished, PositionLogprobs, Preempted,
     PrefillDone, RequestAdmitted, RequestFailed, RequestQueued, RequestRejected, RequestScheduled,

@@ -12,8 +12,6 @@ import msgspec
 
 from modelcall.events.tools import ToolCallDelta
 
-from modelcall.events.tools import ToolCallDelta
-
 now = time.monotonic  # NOTE: every timestamp in modelcall is on this clock; wall time only at the edges
 
 
@@ -132,9 +130,6 @@ class TokensEmitted(Event):
     token_ids: tuple[int, ...]
     text: str
     logprobs: tuple[PositionLogprobs, ...] | None = None
-    # Tool-call fragments this step decided (only for requests that offered tools); markup that
-    # became these is not in `text`.
-    tool_calls: tuple[ToolCallDelta, ...] | None = None
     # Tool-call fragments this step decided (only for requests that offered tools); markup that
     # became these is not in `text`.
     tool_calls: tuple[ToolCallDelta, ...] | None = None
