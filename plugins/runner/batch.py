@@ -1,0 +1,115 @@
+"""One step's flattened batch: token ids, positions, KV slots, and how attention is grouped.
+
+The runner orders the tokens of a step itself (the plan's order is restored for the output):
+
+    flat rows:  [ paged group: chunks that read earlier K/V | fresh groups: whole new prompts ]
+                  decodes and continued chunks, any q_len       grouped by equal length
+
+    block_table (request)      slot of position p = block_table[p // block_size] * block_size
+      [ 7, 2, 9 ]                                    + p % block_size
+    positions 0..15 -> block 7, 16..31 -> block 2, 32.. -> block 9
+
+A paged-group token at position p attends to its request's keys 0..p (causal, aligned
+bottom-right to the chunk); a fresh group has no earlier K/V, so attention runs on the chunk's
+own new K/V with a plain causal mask and never reads the cache.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from modelcall.core import SchedulePlan
+
+
+@dataclass(slots=True)
+class FreshGroup:
+    """`num_seqs` whole fresh prompts of `q_len` tokens each, at flat rows [start, start + num_seqs*q_len)."""
+
+    start: int
+    num_seqs: int
+    q_len: int
+
+
+@dataclass(slots=True)
+class StepBatch:
+    input_ids: torch.Tensor          # [1, T]
+    positions: torch.Tensor          # [1, T]
+    slot_mapping: torch.Tensor       # [T] where each token's new K/V goes
+    sample_rows: torch.Tensor | None  # rows of the sampled chunks (plan order); None: every row, in order
+    num_sampled: int
+    num_paged: int                   # paged-group tokens: flat rows [0, num_paged)
+    paged_token_seq: torch.Tensor | None = None  # [num_paged] row of paged_slots per token
+    paged_token_pos: torch.Tensor | None = None  # [num_paged] absolute position per token
+    paged_slots: torch.Tensor | None = None      # [num_paged_seqs, max_ctx] slot of every context position
+    paged_ctx_lens: list[int] = field(default_factory=list)
+    paged_q_lens: list[int] = field(default_factory=list)
+    fresh: list[FreshGroup] = field(default_factory=list)
+    kv: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # per layer [slots, Hkv, D]
+    scratch: dict = field(default_factory=dict)  # per-step tensors shared by every layer, built lazily
+
+
+def build_step(plan: SchedulePlan, block_size: int, device: torch.device) -> StepBatch:
+    """Flatten `plan` into one batch (pure bookkeeping: no model work)."""
+    chunks = plan.chunks
+    paged: list[int] = []
+    fresh_by_len: dict[int, list[int]] = {}
+    for i, c in enumerate(chunks):
+        if c.request.num_computed_tokens == 0 and c.num_new_tokens > 1:
+            fresh_by_len.setdefault(c.num_new_tokens, []).append(i)
+        else:
+            paged.append(i)
+    order = paged + [i for q in sorted(fresh_by_len) for i in fresh_by_len[q]]
+
+    ids: list[int] = []
+    pos: list[int] = []
+    seq: list[int] = []
+    tables: list[list[int]] = []
+    last_row = [0] * len(chunks)
+    for k, i in enumerate(order):
+        c = chunks[i]
+        req = c.request
+        s = req.num_computed_tokens
+        e = s + c.num_new_tokens
+        ids.extend(req.all_token_ids[s:e])
+        pos.extend(range(s, e))
+        seq.extend([k] * c.num_new_tokens)
+        tables.append(req.block_table)
+        last_row[i] = len(ids) - 1
+    width = max(len(t) for t in tables)
+    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
+    pos_t = torch.tensor(pos, dtype=torch.long)
+    seq_t = torch.tensor(seq, dtype=torch.long)
+    slot_mapping = table[seq_t, pos_t // block_size] * block_size + pos_t % block_size
+
+    sampled = [last_row[i] for i, c in enumerate(chunks) if c.sample]
+    identity = len(sampled) == len(ids) and sampled == list(range(len(ids)))
+    batch = StepBatch(
+        input_ids=torch.tensor(ids, dtype=torch.long).view(1, -1).to(device),
+        positions=pos_t.view(1, -1).to(device),
+        slot_mapping=slot_mapping.to(device),
+        sample_rows=None if identity else torch.tensor(sampled, dtype=torch.long, device=device),
+        num_sampled=len(sampled),
+        num_paged=0,
+    )
+    if paged:
+        n_seq = len(paged)
+        q_lens = [chunks[i].num_new_tokens for i in paged]
+        ctx = [chunks[i].request.num_computed_tokens + q for i, q in zip(paged, q_lens)]
+        max_ctx = max(ctx)
+        ar = torch.arange(max_ctx)
+        nb = (max_ctx + block_size - 1) // block_size
+        slots = table[:n_seq, :nb][:, ar // block_size] * block_size + ar % block_size
+        n_tok = sum(q_lens)
+        batch.num_paged = n_tok
+        batch.paged_token_seq = seq_t[:n_tok].to(device)
+        batch.paged_token_pos = pos_t[:n_tok].to(device)
+        batch.paged_slots = slots.to(device)
+        batch.paged_ctx_lens = ctx
+        batch.paged_q_lens = q_lens
+    row = batch.num_paged
+    for q in sorted(fresh_by_len):
+        n = len(fresh_by_len[q])
+        batch.fresh.append(FreshGroup(row, n, q))
+        row += n * q
+    return batch

@@ -1,0 +1,130 @@
+"""Load a local Hugging Face model directory and describe it: device, dtypes, ModelSpec, identity."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from modelcall.core import ConfigError, KernelConfig, ModelSpec
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where and in which number formats the model runs."""
+
+    device: torch.device
+    dtype: torch.dtype       # weights and activations
+    kv_dtype: torch.dtype    # the paged KV cache
+
+
+def read_json(model_dir: str, name: str) -> dict[str, Any]:
+    path = os.path.join(model_dir, name)
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def checkpoint_dtype(hf_config: dict[str, Any]) -> torch.dtype:
+    name = hf_config.get("dtype") or hf_config.get("torch_dtype") or "float32"
+    return DTYPES.get(str(name).removeprefix("torch."), torch.float32)
+
+
+def resolve_placement(config: KernelConfig, hf_config: dict[str, Any]) -> Placement:
+    """auto: CUDA when present (bf16 compute and KV); on CPU compute in fp32 even for a bf16 checkpoint
+    (bf16 matmuls are slower than fp32 on CPUs without AMX) and keep a bf16 checkpoint's KV in bf16
+    (attention reads half the bytes)."""
+    if config.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(config.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"device {config.device!r} asked for but CUDA is not available; use device='cpu' or 'auto'")
+    ckpt = checkpoint_dtype(hf_config)
+    if config.dtype != "auto":
+        dtype = DTYPES[config.dtype]
+    else:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    kv = config.kv_cache_dtype
+    if kv == "auto":
+        kv_dtype = dtype if device.type == "cuda" or ckpt == torch.float32 else torch.bfloat16
+    elif kv in DTYPES:
+        kv_dtype = DTYPES[kv]
+    else:
+        raise ConfigError(f"kv_cache_dtype must be auto, float32, bfloat16 or float16, got {kv!r}")
+    return Placement(device, dtype, kv_dtype)
+
+
+def model_identity(model_dir: str) -> str:
+    """A hash of the model's config and its weight files' names and sizes: two models never share
+    prefix-cache blocks, and the same files always give the same identity (cheap: no weights read)."""
+    h = hashlib.sha256()
+    for name in ("config.json", "generation_config.json"):
+        path = os.path.join(model_dir, name)
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                h.update(name.encode() + b"\0" + f.read() + b"\0")
+    for name in sorted(os.listdir(model_dir)):
+        if name.endswith((".safetensors", ".bin", ".pt", ".pth")):
+            h.update(f"{name}:{os.path.getsize(os.path.join(model_dir, name))}\0".encode())
+    return h.hexdigest()[:32]
+
+
+def eos_token_ids(model_dir: str, hf_config: dict[str, Any]) -> frozenset[int]:
+    gen = read_json(model_dir, "generation_config.json")
+    eos = gen.get("eos_token_id", hf_config.get("eos_token_id"))
+    if eos is None:
+        return frozenset()
+    return frozenset([eos] if isinstance(eos, int) else eos)
+
+
+def check_model_dir(model_dir: str) -> dict[str, Any]:
+    if not os.path.isdir(model_dir):
+        raise ConfigError(f"model directory {model_dir!r} does not exist")
+    hf_config = read_json(model_dir, "config.json")
+    if not hf_config:
+        raise ConfigError(f"{model_dir!r} has no config.json; give a Hugging Face model directory")
+    return hf_config
+
+
+def unsupported_features(cfg: Any) -> list[str]:
+    """Attention features the paged kernel does not implement (it would silently compute something else)."""
+    bad = []
+    if getattr(cfg, "attn_logit_softcapping", None):
+        bad.append("attention logit soft-capping")
+    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True) \
+            and any(t == "sliding_attention" for t in getattr(cfg, "layer_types", None) or ()):
+        bad.append("per-layer sliding-window attention")
+    return bad
+
+
+def build_spec(model_dir: str, config: KernelConfig, cfg: Any, hf_config: dict[str, Any],
+               placement: Placement) -> ModelSpec:
+    max_len = int(getattr(cfg, "max_position_embeddings", 0) or 2048)
+    window = getattr(cfg, "sliding_window", None)
+    if window and getattr(cfg, "use_sliding_window", True):
+        # NOTE: a window that never slides is plain causal attention, which the kernel does compute.
+        max_len = min(max_len, int(window))
+    if config.max_model_len is not None:
+        if config.max_model_len > max_len:
+            raise ConfigError(f"max_model_len {config.max_model_len} exceeds the model's {max_len} positions")
+        max_len = config.max_model_len
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return ModelSpec(
+        name=os.path.basename(os.path.normpath(model_dir)),
+        max_model_len=max_len,
+        vocab_size=int(cfg.vocab_size),
+        num_layers=int(cfg.num_hidden_layers),
+        num_kv_heads=int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads),
+        head_dim=int(head_dim),
+        dtype=str(placement.dtype).removeprefix("torch."),
+        device=str(placement.device),
+        eos_token_ids=eos_token_ids(model_dir, hf_config),
+        identity=model_identity(model_dir),
+    )

@@ -1,0 +1,122 @@
+"""TorchModelRunner: a Hugging Face causal LM run on one flattened batch per step over a paged KV cache."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from modelcall.core import ConfigError, KernelConfig, SchedulePlan, StepOutput
+from modelcall.core.stages import Sampler
+from modelcall.plugins.runner import attention
+from modelcall.plugins.runner.batch import StepBatch, build_step
+from modelcall.plugins.runner.loader import (
+    build_spec, check_model_dir, resolve_placement, unsupported_features,
+)
+
+log = logging.getLogger("modelcall.runner")
+
+
+class TorchModelRunner:
+    """Loads `model_dir` with transformers' model definitions and modelcall's paged attention.
+
+    NOTE: transformers' own KV cache is never used (`use_cache=False`): with a packed batch it
+    would silently attend across requests. The cache is ours: per layer a [slots, Hkv, D] tensor.
+    """
+
+    def __init__(self, config: KernelConfig, model_dir: str, sampler: Sampler) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        hf_json = check_model_dir(model_dir)
+        self.placement = p = resolve_placement(config, hf_json)
+        if config.threads and p.device.type == "cpu":
+            torch.set_num_threads(config.threads)
+        hf_config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+        bad = unsupported_features(hf_config)
+        if bad:
+            raise ConfigError(f"{model_dir}: the paged attention kernel does not implement {', '.join(bad)}")
+        t0 = time.perf_counter()
+        model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=p.dtype,
+                                                     attn_implementation=attention.NAME)
+        model.to(p.device).eval().requires_grad_(False)
+        if not getattr(model, "_supports_attention_backend", False):
+            raise ConfigError(f"{type(model).__name__} does not route attention through transformers' "
+                              "AttentionInterface; the torch runner cannot page its KV cache")
+        self.model = model
+        self.base = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+        self.lm_head = model.get_output_embeddings()
+        self.softcap = getattr(hf_config, "final_logit_softcapping", None)
+        self.sampler = sampler
+        self.spec = build_spec(model_dir, config, hf_config, hf_json, p)
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.block_size = 0
+        log.info("loaded %s on %s (%s, kv %s) in %.1fs", model_dir, p.device, p.dtype, p.kv_dtype,
+                 time.perf_counter() - t0)
+
+    # ---- KV cache -----------------------------------------------------------------------------
+
+    def kv_block_bytes(self, block_size: int) -> int:
+        s = self.spec
+        return 2 * s.num_layers * block_size * s.num_kv_heads * s.head_dim * self.placement.kv_dtype.itemsize
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> None:
+        s = self.spec
+        shape = (s.num_layers, 2, num_blocks * block_size, s.num_kv_heads, s.head_dim)
+        # NOTE: zeros, not empty: padded attention reads unused slots (masked out) and NaN garbage
+        # would still poison masked SDPA rows through 0 * NaN.
+        cache = torch.zeros(shape, dtype=self.placement.kv_dtype, device=self.placement.device)
+        self.kv = [(cache[i, 0], cache[i, 1]) for i in range(s.num_layers)]
+        self.block_size = block_size
+
+    # ---- one step ------------------------------------------------------------------------------
+
+    def execute(self, plan: SchedulePlan) -> StepOutput:
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            logits = self.compute_logits(plan)
+            sampled = [c for c in plan.chunks if c.sample]
+            if sampled:
+                ids, logprobs = self.sampler.sample(logits, sampled)
+            else:
+                ids, logprobs = [], None
+        token_ids: list[int | None] = []
+        lps: list[Any] | None = [] if logprobs is not None else None
+        it = iter(range(len(ids)))
+        for c in plan.chunks:
+            if c.sample:
+                j = next(it)
+                token_ids.append(ids[j])
+                if lps is not None:
+                    lps.append(logprobs[j])
+            else:
+                token_ids.append(None)
+                if lps is not None:
+                    lps.append(None)
+        return StepOutput(token_ids=token_ids, logprobs=lps, forward_s=time.perf_counter() - t0)
+
+    def compute_logits(self, plan: SchedulePlan) -> torch.Tensor:
+        """Forward `plan` (writing its K/V) and return fp32 logits of the sampled chunks, plan order."""
+        if not self.kv:
+            raise RuntimeError("allocate_kv_cache() must be called before execute()")
+        with torch.inference_mode():
+            step = build_step(plan, self.block_size, self.placement.device)
+            step.kv = self.kv
+            hidden = self._forward(step)
+            if step.sample_rows is not None:
+                hidden = hidden.index_select(0, step.sample_rows)
+            logits = self.lm_head(hidden)
+            if self.softcap:
+                logits = torch.tanh(logits / self.softcap) * self.softcap
+            return logits.float()
+
+    def _forward(self, step: StepBatch) -> torch.Tensor:
+        out = self.base(input_ids=step.input_ids, position_ids=step.positions, use_cache=False,
+                        modelcall_step=step)
+        return out.last_hidden_state[0]
+
+    def close(self) -> None:
+        self.kv = []
+        self.model = None  # type: ignore[assignment]
+        if self.placement.device.type == "cuda":
+            torch.cuda.empty_cache()

@@ -1,0 +1,1 @@
+"""The built-in batched sampler: greedy, temperature, top-k/top-p/min-p, seeds, penalties, logprobs."""

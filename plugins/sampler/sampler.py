@@ -1,0 +1,174 @@
+"""TorchSampler: picks the next token of every row of a step's logits at once.
+
+Order per row, as in vLLM and HF: min_tokens (forbid stop tokens) → logits processors →
+penalties → (greedy: argmax) | temperature → top-k → top-p → min-p → draw. Logprobs are those
+of the raw model distribution (vLLM's default), computed before any of that.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from modelcall.events import PositionLogprobs, TokenLogprob
+
+NEG_INF = float("-inf")
+
+
+def _has_penalty(p: Any) -> bool:
+    return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+
+
+def _forbidden(req: Any) -> list[int]:
+    """Token ids a request may not end with yet (min_tokens not reached)."""
+    p = req.params
+    if req.num_output_tokens >= p.min_tokens:
+        return []
+    ids = list(p.stop_token_ids)
+    if not p.ignore_eos:
+        ids.extend(req.eos_token_ids)
+    return ids
+
+
+class TorchSampler:
+    """Batched sampling on [n, vocab] logits; per-request state is a seeded generator in `sampler_state`."""
+
+    def sample(self, logits: torch.Tensor, chunks: Sequence[Any]) -> tuple[list[int], list[Any] | None]:
+        reqs = [c.request for c in chunks]
+        params = [r.params for r in reqs]
+        want_lp = any(p.logprobs is not None for p in params)
+        forbid = [_forbidden(r) for r in reqs]
+        processed = any(forbid) or any(r.logits_processors for r in reqs) or any(_has_penalty(p) for p in params)
+        if not want_lp and not processed and all(p.greedy for p in params):
+            return logits.max(-1).indices.tolist(), None   # NOTE: max(-1) is cheaper than argmax on CPU
+        logits = logits.float()
+        raw_logprobs = torch.log_softmax(logits, -1) if want_lp else None
+        x = logits.clone() if processed else logits
+        if processed:
+            self._process(x, reqs, forbid)
+        tokens = self._choose(x, reqs)
+        return tokens, (self._logprobs(raw_logprobs, tokens, params) if raw_logprobs is not None else None)
+
+    # ---- logits processing --------------------------------------------------------------------
+
+    def _process(self, x: torch.Tensor, reqs: list[Any], forbid: list[list[int]]) -> None:
+        for i, ids in enumerate(forbid):
+            if ids:
+                x[i, [t for t in ids if t < x.shape[1]]] = NEG_INF
+        for i, r in enumerate(reqs):
+            if r.logits_processors:
+                out_ids = r.output_token_ids
+                for fn in r.logits_processors:
+                    row = fn(out_ids, x[i])
+                    if row is not None and row is not x[i]:
+                        x[i] = row
+        rows = [i for i, r in enumerate(reqs) if _has_penalty(r.params)]
+        if rows:
+            self._penalize(x, [reqs[i] for i in rows], torch.tensor(rows, device=x.device))
+
+    @staticmethod
+    def _penalize(x: torch.Tensor, reqs: list[Any], rows: torch.Tensor) -> None:
+        """Presence/frequency over output tokens, repetition over prompt + output (as HF and vLLM)."""
+        n, vocab = len(reqs), x.shape[1]
+        dev = x.device
+        sub = x.index_select(0, rows)
+        out_r, out_t, all_r, all_t = [], [], [], []
+        for k, r in enumerate(reqs):
+            out = r.output_token_ids
+            out_r.extend([k] * len(out))
+            out_t.extend(out)
+            if r.params.repetition_penalty != 1.0:
+                all_r.extend([k] * len(r.all_token_ids))
+                all_t.extend(r.all_token_ids)
+        counts = torch.zeros(n, vocab, device=dev)
+        if out_t:
+            counts.index_put_((torch.tensor(out_r, device=dev), torch.tensor(out_t, device=dev)),
+                              torch.ones(len(out_t), device=dev), accumulate=True)
+        rep = torch.tensor([r.params.repetition_penalty for r in reqs], device=dev)[:, None]
+        if all_t:
+            seen = torch.zeros(n, vocab, dtype=torch.bool, device=dev)
+            seen[torch.tensor(all_r, device=dev), torch.tensor(all_t, device=dev)] = True
+            sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+        freq = torch.tensor([r.params.frequency_penalty for r in reqs], device=dev)[:, None]
+        pres = torch.tensor([r.params.presence_penalty for r in reqs], device=dev)[:, None]
+        sub = sub - freq * counts - pres * (counts > 0)
+        x.index_copy_(0, rows, sub)
+
+    # ---- choosing -----------------------------------------------------------------------------
+
+    def _choose(self, x: torch.Tensor, reqs: list[Any]) -> list[int]:
+        tokens = x.max(-1).indices
+        rows = [i for i, r in enumerate(reqs) if not r.params.greedy]
+        if rows:
+            idx = torch.tensor(rows, device=x.device)
+            drawn = self._draw(x.index_select(0, idx), [reqs[i] for i in rows])
+            tokens.index_copy_(0, idx, drawn)
+        return tokens.tolist()
+
+    def _draw(self, x: torch.Tensor, reqs: list[Any]) -> torch.Tensor:
+        dev, vocab = x.device, x.shape[1]
+        ps = [r.params for r in reqs]
+        x = x / torch.tensor([p.temperature for p in ps], device=dev)[:, None]
+        top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in ps]
+        if min(top_k) < vocab or any(p.top_p < 1.0 for p in ps):
+            x = _top_k_top_p(x, top_k, [p.top_p for p in ps])
+        probs = torch.softmax(x, -1)
+        if any(p.min_p > 0.0 for p in ps):
+            min_p = torch.tensor([p.min_p for p in ps], device=dev)[:, None]
+            probs = probs.masked_fill(probs < min_p * probs.max(-1, keepdim=True).values, 0.0)
+        # NOTE: argmax(p / E) with E ~ Exp(1) draws from p (the exponential race); each seeded request
+        # draws its noise from its own generator, so its text does not depend on its batch-mates.
+        noise = torch.empty_like(probs)
+        seeded = [k for k, p in enumerate(ps) if p.seed is not None]
+        if len(seeded) < len(ps):
+            noise.exponential_()
+        for k in seeded:
+            noise[k].exponential_(generator=self._generator(reqs[k], dev))
+        return (probs / noise).max(-1).indices
+
+    @staticmethod
+    def _generator(req: Any, device: torch.device) -> torch.Generator:
+        g = req.sampler_state
+        if not isinstance(g, torch.Generator) or g.device != device:
+            g = torch.Generator(device=device)
+            g.manual_seed(req.params.seed)
+            req.sampler_state = g
+        return g
+
+    # ---- logprobs -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _logprobs(lp: torch.Tensor, tokens: list[int], params: list[Any]) -> list[Any]:
+        chosen = lp.gather(1, torch.tensor(tokens, device=lp.device)[:, None]).squeeze(1).tolist()
+        n_top = max(p.logprobs or 0 for p in params)
+        top_v = top_i = None
+        if n_top:
+            v, i = lp.topk(n_top, dim=-1)   # sorted, most likely first
+            top_v, top_i = v.tolist(), i.tolist()
+        out: list[Any] = []
+        for k, p in enumerate(params):
+            if p.logprobs is None:
+                out.append(None)
+                continue
+            top = ()
+            if p.logprobs and top_v is not None:
+                top = tuple(TokenLogprob(t, l) for t, l in zip(top_i[k][:p.logprobs], top_v[k][:p.logprobs]))
+            out.append(PositionLogprobs(token_id=tokens[k], logprob=chosen[k], top=top))
+        return out
+
+
+def _top_k_top_p(x: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """Keep each row's `top_k` largest logits, then the smallest set whose probability reaches `top_p`."""
+    dev = x.device
+    sorted_x, order = x.sort(-1, descending=True)
+    vocab = x.shape[1]
+    ranks = torch.arange(vocab, device=dev)[None, :]
+    drop = ranks >= torch.tensor(top_k, device=dev)[:, None]
+    sorted_x = sorted_x.masked_fill(drop, NEG_INF)
+    p = torch.tensor(top_p, device=dev)[:, None]
+    if (p < 1.0).any():
+        probs = sorted_x.softmax(-1)
+        before = probs.cumsum(-1) - probs          # mass of strictly more likely tokens
+        sorted_x = sorted_x.masked_fill((before >= p) & (ranks > 0), NEG_INF)
+    return torch.full_like(x, NEG_INF).scatter_(1, order, sorted_x)
