@@ -24,6 +24,31 @@ def tok(demo_model_dir) -> HFTokenizer:
     return HFTokenizer(demo_model_dir)
 
 
+@pytest.fixture(scope="module")
+def sp_tok(tmp_path_factory) -> HFTokenizer:
+    return HFTokenizer(_sentencepiece_style_tokenizer(str(tmp_path_factory.mktemp("sp"))))
+
+
+def _sentencepiece_style_tokenizer(path: str) -> str:
+    """A Llama-2-style tokenizer (Metaspace, byte fallback): not byte-level, so the window path."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    for ch in "▁abcdefghijklmnopqrstuvwxyz,.你好世界":
+        vocab.setdefault(ch, len(vocab))
+    merges = [("▁", "h"), ("▁h", "e"), ("l", "l"), ("▁he", "ll"), ("▁hell", "o"), ("▁", "w"), ("o", "r"),
+              ("▁w", "or"), ("▁wor", "l"), ("▁worl", "d"), ("你", "好"), ("▁", "你好")]
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>"))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(path)
+    return path
+
+
 def _incremental(detok, ids, chunks) -> list[str]:
     pieces, i = [], 0
     for n in chunks:
@@ -66,6 +91,24 @@ def test_arbitrary_token_sequences_decode_the_same_incrementally(tok, ids, chunk
     one_shot = tok.decode(ids, skip_special_tokens=skip)
     assert "".join(_incremental(tok.detokenizer([], skip_special_tokens=skip), ids, chunks)) == one_shot
     assert "".join(_incremental(WindowDetokenizer(tok.backend, [], skip), ids, chunks)) == one_shot
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=TEXT, chunks=st.lists(st.integers(1, 4), max_size=60), skip=st.booleans())
+def test_other_tokenizers_use_the_window_detokenizer_with_the_same_guarantee(sp_tok, text, chunks, skip):
+    ids = sp_tok.encode(text)
+    detok = sp_tok.detokenizer([], skip_special_tokens=skip)
+    assert isinstance(detok, WindowDetokenizer)
+    pieces = _incremental(detok, ids, chunks)
+    assert "".join(pieces) == sp_tok.decode(ids, skip_special_tokens=skip)
+    assert not any("\ufffd" in p for p in pieces)
+
+
+def test_window_detokenizer_reads_the_prompt_for_the_first_tokens_leading_space(sp_tok):
+    prompt, output = sp_tok.encode("hello"), sp_tok.encode("hello world")[1:]
+    assert sp_tok.decode(output) == "world"  # alone, the decoder strips the leading space
+    detok = sp_tok.detokenizer(prompt)
+    assert "".join(detok.push([i]) for i in output) + detok.flush() == " world"
 
 
 @pytest.mark.parametrize("make", [lambda t: t.detokenizer([]), lambda t: WindowDetokenizer(t.backend, [], True)])
