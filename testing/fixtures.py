@@ -3,6 +3,8 @@
 * `make_kernel(plugins=[...], **config)`: an async context manager giving a started kernel on
   the tiny demo model with the built-in stages plus `plugins`.
 * `events`: an `EventCollector` added to every kernel `make_kernel` builds in this test.
+* `live_server(plugins=[...], **config)`: an async context manager giving a `LiveServer` (the
+  kernel, its URL and an aiohttp client) serving the HTTP API on a free loopback port.
 
 Async tests run on anyio's pytest plugin: mark them `@pytest.mark.anyio`.
 """
@@ -16,6 +18,7 @@ import pytest
 
 from modelcall.testing.collector import EventCollector
 from modelcall.testing.kernels import kernel_for_test
+from modelcall.testing.server import server_for_test
 
 
 class _TestPlugins:
@@ -49,3 +52,14 @@ def events(modelcall_test_plugins: _TestPlugins) -> Iterator[EventCollector]:
     modelcall_test_plugins.plugins.append(collector)
     yield collector
     modelcall_test_plugins.plugins.remove(collector)
+
+
+@pytest.fixture
+def live_server(modelcall_test_plugins: _TestPlugins) -> Callable[..., AbstractAsyncContextManager]:
+    """Factory: `async with live_server(plugins=[...], **config) as server:` then
+    `await server.client.get("/v1/models")` (see server_for_test)."""
+
+    def make(plugins: Any = (), **kwargs: Any) -> AbstractAsyncContextManager:
+        return server_for_test([*modelcall_test_plugins.plugins, *plugins], **kwargs)
+
+    return make

@@ -2,6 +2,8 @@
 import argparse
 import json
 
+import pytest
+
 from modelcall.core import KernelConfig, PluginHost, hookimpl
 from modelcall.plugins import devtools
 from modelcall.plugins.devtools.listing import ANSWERED, CALL_ORDER, describe
@@ -57,13 +59,12 @@ def test_the_command_lists_the_installed_builtins_with_versions_as_json(capsys):
         assert stage["provider"] is None or stage["provider"] in rows
 
 
-def test_the_command_honours_extra_and_blocked_plugins(capsys):
-    parser = argparse.ArgumentParser()
-    devtools.configure(parser)
-    args = parser.parse_args(["--json", "--plugin", "modelcall.plugins.devtools.hookdocs", "-p", "no:devtools"])
-    devtools.run(args)
+def test_the_command_honours_the_global_plugin_options(capsys):
+    from modelcall.plugins.cli.main import main
+
+    assert main(["--plugin", "modelcall.plugins.devtools.hookdocs", "-p", "no:http", "plugins", "--json"]) == 0
     names = {p["name"] for p in json.loads(capsys.readouterr().out)["plugins"]}
-    assert "devtools" not in names and "modelcall.plugins.devtools.hookdocs" in names
+    assert "http" not in names and "modelcall.plugins.devtools.hookdocs" in names and "devtools" in names
 
 
 def test_the_text_listing_is_a_table_of_plugins_and_stages(capsys):
@@ -73,3 +74,21 @@ def test_the_text_listing_is_a_table_of_plugins_and_stages(capsys):
     out = capsys.readouterr().out
     assert "plugin" in out and "hooks" in out and "register_commands" in out
     assert "scheduler" in out and "first in call order" in out
+
+
+@pytest.mark.anyio
+async def test_get_plugins_serves_the_same_listing_with_the_providers_that_answered(live_server):
+    from modelcall.testing import ScriptedSampler
+
+    async with live_server(plugins=[ScriptedSampler()]) as server:
+        resp = await server.client.get("/-/plugins")
+        assert resp.status == 200
+        listing = await resp.json()
+        assert listing == describe(server.kernel.host, server.kernel.config)
+        stages = listing["stages"]
+        assert stages["sampler"]["provider"] == "modelcall.testing.scripted_sampler"
+        assert stages["sampler"]["candidates"][-1] == "torch_sampler"  # the built-in, trylast
+        assert all(s["resolved_by"] == ANSWERED for name, s in stages.items() if name != "model_dir")
+        assert stages["scheduler"]["provider"] == "scheduler" and stages["kv_cache"]["provider"] == "paged_kv"
+        openapi = await (await server.client.get("/openapi.json")).json()
+        assert "/-/plugins" in openapi["paths"]

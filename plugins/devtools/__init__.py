@@ -10,22 +10,19 @@ from typing import Any
 from modelcall.core import KernelConfig, PluginHost, hookimpl
 from modelcall.plugins.devtools.listing import describe, render_text
 
+# NOTE: register_routes gets the kernel's config, not the kernel: the running kernels are found by
+# the identity of their config object (each kernel owns one), recorded at startup.
+_KERNELS: dict[int, Any] = {}
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON (the same as GET /-/plugins)")
-    if not any("--plugin" in a.option_strings for a in parser._actions):
-        parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                            help="also load this plugin module (repeatable)")
-    if not any("-p" in a.option_strings for a in parser._actions):
-        parser.add_argument("-p", dest="blocked", action="append", default=[], metavar="no:NAME",
-                            help="block an installed plugin by name (repeatable)")
 
 
 def run(args: argparse.Namespace) -> int:
-    """List what is installed without loading a model."""
-    plugins = list(getattr(args, "plugin", None) or [])
-    blocked = list(getattr(args, "blocked", None) or [])
-    host = PluginHost(plugins, blocked=blocked)
+    """List what is installed without loading a model. `--plugin MODULE` and `-p no:NAME` are the
+    command line's global options (before the subcommand)."""
+    host = PluginHost(list(getattr(args, "plugins", None) or ()), blocked=list(getattr(args, "blocked", None) or ()))
     listing = describe(host, KernelConfig())
     sys.stdout.write(json.dumps(listing, indent=2) + "\n" if args.json else render_text(listing))
     return 0
@@ -35,3 +32,27 @@ def run(args: argparse.Namespace) -> int:
 def register_commands(register: Any) -> None:
     register("plugins", "list installed plugins, the hooks each implements and who provides each stage",
              configure, run)
+
+
+@hookimpl
+def startup(kernel: Any) -> None:
+    _KERNELS[id(kernel.config)] = kernel
+
+
+@hookimpl
+def shutdown(kernel: Any) -> None:
+    _KERNELS.pop(id(kernel.config), None)
+
+
+@hookimpl
+def register_routes(register: Any, config: Any) -> None:
+    from aiohttp import web  # only where served
+
+    async def plugins(_request: web.Request) -> web.Response:
+        """Installed plugins, their versions and hooks, and the plugin that provides each stage."""
+        kernel = _KERNELS.get(id(config))
+        if kernel is None or kernel.host is None:
+            raise web.HTTPServiceUnavailable(text="the kernel is not running")
+        return web.json_response(describe(kernel.host, kernel.config))
+
+    register("GET", "/-/plugins", plugins)
