@@ -13,7 +13,7 @@ import anyio
 import pytest
 from kv_invariants import check_whole
 
-from modelcall.events import Preempted
+from modelcall.events import Preempted, TokensEmitted
 
 pytestmark = pytest.mark.anyio
 
@@ -111,3 +111,31 @@ async def test_tenants_with_different_cache_salts_never_share_cached_prefixes(ma
     # 48 prompt tokens are 3 full blocks, but the third holds the last prompt token: 2 are read
     assert [r.usage.cached_tokens for r in runs] == [0, 0, 32, 0]
     assert all(r.token_ids == references[0] for r in runs)
+
+
+async def test_aborted_requests_give_back_every_block(make_kernel, references, demo_model_dir):
+    """Aborts land while requests wait, prefill in chunks, decode or sit preempted (request i aborts
+    after its (i // 2)-th token); the survivors' outputs are untouched and no block stays held."""
+    async with make_kernel(model=demo_model_dir, block_size=16, num_kv_blocks=7, max_num_batched_tokens=16) as kernel:
+        handles = [await kernel.submit(prompt_token_ids=p, max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+                   for p in PROMPTS]
+        done: dict[int, object] = {}
+
+        async def read(i: int) -> None:
+            if i % 2:
+                seen = 0
+                while seen < i // 2:
+                    seen += isinstance(await handles[i].__anext__(), TokensEmitted)
+                handles[i].abort()
+            done[i] = await handles[i].result()
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for i in range(len(PROMPTS)):
+                    tg.start_soon(read, i)
+        _assert_whole(kernel)
+    for i, c in done.items():
+        if i % 2:
+            assert c.finish_reason == "abort"
+        else:
+            assert c.token_ids == references[i] and c.finish_reason == "length"
