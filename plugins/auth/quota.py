@@ -87,14 +87,14 @@ class QuotaBook:
             day = utc_day(wall)
             acc = self._account(caller.name, now, day)
             q = acc.minute
+            if lim.tpm is not None and need > lim.tpm:  # could never fit: say so first
+                self._refuse(f"this request may use {need} tokens (prompt {adm.prompt_tokens} + max_tokens "
+                             f"{adm.max_tokens}) but {caller.name!r} may use {lim.tpm} per minute; lower max_tokens",
+                             WINDOW_S)
             if lim.rpm is not None and len(q) + 1 > lim.rpm:
                 self._refuse(f"{caller.name!r} is over its limit of {lim.rpm} requests per minute",
                              q[len(q) - lim.rpm].t + WINDOW_S - now)
             if lim.tpm is not None:
-                if need > lim.tpm:
-                    self._refuse(f"this request may use {need} tokens (prompt {adm.prompt_tokens} + max_tokens "
-                                 f"{adm.max_tokens}) but {caller.name!r} may use {lim.tpm} per minute; lower max_tokens",
-                                 WINDOW_S)
                 if acc.minute_tokens + need > lim.tpm:
                     self._refuse(f"{caller.name!r} would use {acc.minute_tokens + need} tokens this minute "
                                  f"(limit {lim.tpm}, this request reserves {need})",

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -16,6 +18,7 @@ from modelcall.plugins.http.app import INFLIGHT, create_app
 from modelcall.plugins.http.settings import ServerSettings
 
 log = logging.getLogger("modelcall.http")
+_DEFAULTS = ServerSettings()
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -28,10 +31,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="at most N sequences running at once (the kernel's max_num_seqs)")
     parser.add_argument("--max-queued", type=int, default=None, metavar="N",
                         help="at most N requests waiting; more get 429 with Retry-After (the kernel's max_queued)")
-    parser.add_argument("--max-body-bytes", type=int, default=ServerSettings.max_body_bytes, metavar="N",
+    parser.add_argument("--max-body-bytes", type=int, default=_DEFAULTS.max_body_bytes, metavar="N",
                         help="larger request bodies get 413")
-    parser.add_argument("--drain-timeout", type=float, default=ServerSettings.drain_timeout_s, metavar="S",
+    parser.add_argument("--drain-timeout", type=float, default=_DEFAULTS.drain_timeout_s, metavar="S",
                         help="on SIGTERM, how long in-flight requests may take to finish")
+    g = parser.add_argument_group("security and records")
+    g.add_argument("--api-keys", metavar="FILE", help="TOML file of [[keys]] (name, sha256, models, tools, rpm, tpm, "
+                   "daily_tokens, priority); every route but /health and /ready then needs a key")
+    g.add_argument("--ledger", metavar="PATH", help="SQLite request ledger (default: in the user data directory; "
+                   "'off' disables it)")
+    g.add_argument("--request-log", metavar="PATH", help="write the JSON request log to PATH (default: stderr log)")
+    g.add_argument("--log-text", action="store_true", help="include outputs and tool arguments in the request log")
+    g.add_argument("--blocklist", metavar="FILE", help="refuse prompts and end outputs containing any line of FILE")
+    g.add_argument("--redact-pii", action="store_true", help="redact emails, phone and card numbers in outputs")
+    g.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
 
 
 def _add_kernel_options(parser: argparse.ArgumentParser) -> None:
@@ -47,8 +60,34 @@ def _add_kernel_options(parser: argparse.ArgumentParser) -> None:
         add_kernel_options(parser)
 
 
+def _records_config(args: argparse.Namespace) -> dict[str, dict]:
+    """plugin_config for the security and records plugins, from the options above."""
+    out: dict[str, dict] = {}
+    if getattr(args, "api_keys", None):
+        out["auth"] = {"api_keys": args.api_keys}
+    ledger = getattr(args, "ledger", None)
+    if ledger != "off":
+        if ledger is None:
+            import platformdirs
+
+            ledger = str(Path(platformdirs.user_data_dir("modelcall")) / "ledger.sqlite3")
+        out["ledger"] = {"path": ledger}
+    out["request_log"] = {"path": getattr(args, "request_log", None), "include_text": bool(getattr(args, "log_text", False))}
+    safety: dict[str, Any] = {}
+    if getattr(args, "blocklist", None):
+        safety["blocklist"] = [ln.strip() for ln in Path(args.blocklist).read_text().splitlines() if ln.strip()]
+    if getattr(args, "redact_pii", False):
+        safety["redact_pii"] = True
+    if safety:
+        out["safety"] = safety
+    if getattr(args, "no_metrics", False):
+        out["metrics"] = {"enabled": False}
+    return out
+
+
 def _kernel_from_args(args: argparse.Namespace) -> Kernel:
     overrides: dict[str, Any] = {}
+    records = _records_config(args)
     if args.served_model_name:
         overrides["served_model_name"] = args.served_model_name[0]
     if args.max_running is not None:
@@ -60,7 +99,9 @@ def _kernel_from_args(args: argparse.Namespace) -> Kernel:
     except ImportError:
         fields = {k: getattr(args, k) for k in ("model", "max_model_len", "num_kv_blocks")
                   if getattr(args, k, None) is not None}
-        return Kernel(plugins=args.plugin, blocked=args.blocked, **fields, **overrides)
+        return Kernel(plugins=args.plugin, blocked=args.blocked, plugin_config=records, **fields, **overrides)
+    # NOTE: an explicit --plugin-config NAME=... comes later and wins over these.
+    args.plugin_config = [f"{name}={json.dumps(cfg)}" for name, cfg in records.items()] + list(args.plugin_config)
     return kernel_from_args(args, **overrides)
 
 
