@@ -1,0 +1,68 @@
+"""SIGTERM drains `modelcall serve`: new requests get 503, running ones finish, the process exits 0."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx2 as httpx
+
+
+def start_server(*args: str) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "modelcall.plugins.http.serve", "--port", "0", "--max-model-len", "2048", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:
+        if "serving" in line and "http://" in line:
+            return proc, line.strip().rsplit(" ", 1)[-1]
+        assert time.monotonic() < deadline, "server did not start"
+    raise AssertionError(f"server exited with {proc.wait()}")
+
+
+def stream(url: str, out: list, started: threading.Event) -> None:
+    body = {"messages": [{"role": "user", "content": "drain me"}], "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    lines = []
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line:
+                lines.append(line)
+                if len(lines) == 3:
+                    started.set()
+    out.append(lines)
+
+
+def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0():
+    proc, url = start_server("--drain-timeout", "30")
+    try:
+        results: list = []
+        started = [threading.Event() for _ in range(3)]
+        threads = [threading.Thread(target=stream, args=(url, results, e)) for e in started]
+        for t in threads:
+            t.start()
+        assert all(e.wait(60) for e in started)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        refused = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+        assert refused.status_code == 503 and int(refused.headers["Retry-After"]) >= 1
+        assert refused.json()["error"]["message"]
+        assert httpx.get(url + "/ready").status_code == 503
+        assert httpx.get(url + "/health").status_code == 200
+        for t in threads:
+            t.join(60)
+        assert len(results) == 3
+        for lines in results:
+            assert lines[-1] == "data: [DONE]"
+            finish = [json.loads(x[6:])["choices"][0]["finish_reason"] for x in lines[:-1]]
+            assert finish[-1] == "length"
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,125 @@
+"""Many clients at once: disconnecting clients free their requests at once, and admission answers
+429 with Retry-After instead of queueing without bound."""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+
+import aiohttp
+import pytest
+from http_server import ServerThread
+
+from modelcall.core import hookimpl
+from modelcall.events import StepDone
+from modelcall.plugins.http.settings import ServerSettings
+
+
+async def stream_chat(session: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int,
+                      stop_after: int | None = None) -> str | None:
+    """The streamed answer, or None when this client hung up after `stop_after` content deltas."""
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
+            "stream": True}
+    parts: list[str] = []
+    async with session.post(url + "/v1/chat/completions", json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            delta = json.loads(line[6:])["choices"]
+            if delta and delta[0]["delta"].get("content"):
+                parts.append(delta[0]["delta"]["content"])
+                if stop_after is not None and len(parts) >= stop_after:
+                    resp.close()  # hang up mid-stream
+                    return None
+    return "".join(parts)
+
+
+async def run_clients(url: str, prompts: list[str], max_tokens: int, stop_after: dict[int, int]) -> list[str | None]:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        return await asyncio.gather(*(stream_chat(session, url, p, max_tokens, stop_after.get(i))
+                                      for i, p in enumerate(prompts)))
+
+
+async def cancel_whole_requests(url: str, n: int, after_s: float) -> None:
+    """Non-streaming clients that give up while their answer is being generated."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        async def one(i: int) -> None:
+            body = {"messages": [{"role": "user", "content": f"long answer {i}"}], "max_tokens": 200}
+            async with session.post(url + "/v1/chat/completions", json=body) as resp:
+                await resp.read()
+        tasks = [asyncio.ensure_future(one(i)) for i in range(n)]
+        await asyncio.sleep(after_s)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def wait_idle(server: ServerThread, within_s: float) -> tuple[float, dict]:
+    t0 = time.monotonic()
+    while True:
+        s = server.stats()
+        idle = s["unfinished"] == 0 and s["running"] == 0 and s["waiting"] == 0 \
+            and s["kv"]["num_free_blocks"] == s["kv"]["num_blocks"]
+        if idle or time.monotonic() - t0 > within_s:
+            return time.monotonic() - t0, s
+        time.sleep(0.01)
+
+
+def test_disconnecting_clients_free_everything_and_do_not_disturb_the_others():
+    prompts = [f"Client {i} asks: tell me about number {i * 7}" for i in range(100)]
+    rng = random.Random(7)
+    leavers = {i: rng.randint(1, 20) for i in rng.sample(range(100), 30)}
+    with ServerThread(ServerSettings(port=0), num_kv_blocks=2048) as server:
+        calm = asyncio.run(run_clients(server.base_url, prompts, 24, {}))
+        assert all(calm) and len(set(calm)) > 50
+        disturbed = asyncio.run(run_clients(server.base_url, prompts, 24, leavers))
+        waited, stats = wait_idle(server, 1.0)
+        assert waited < 1.0, f"not idle 1 s after the clients left: {stats}"
+        assert [d for i, d in enumerate(disturbed) if i not in leavers] == \
+               [c for i, c in enumerate(calm) if i not in leavers]
+        assert all(disturbed[i] is None for i in leavers)
+
+        asyncio.run(cancel_whole_requests(server.base_url, 10, after_s=0.5))
+        waited, stats = wait_idle(server, 1.0)
+        assert waited < 1.0, f"non-streaming clients that left still hold work: {stats}"
+
+
+class RunningMeter:
+    modelcall_plugin_name = "test-running-meter"
+
+    def __init__(self) -> None:
+        self.max_running = 0
+
+    def on_step(self, ev: StepDone) -> None:
+        self.max_running = max(self.max_running, ev.num_running)
+
+    @hookimpl
+    def register_observers(self, register):
+        register(StepDone, self.on_step)
+
+
+async def burst(url: str, n: int) -> list[tuple[int, str | None]]:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        async def one(i: int) -> tuple[int, str | None]:
+            body = {"messages": [{"role": "user", "content": f"burst {i}"}], "max_tokens": 16}
+            async with session.post(url + "/v1/chat/completions", json=body) as resp:
+                payload = await resp.json()
+                if resp.status == 429:
+                    assert payload["error"]["type"] == "rate_limit_error", payload
+                return resp.status, resp.headers.get("Retry-After")
+        return await asyncio.gather(*(one(i) for i in range(n)))
+
+
+def test_a_burst_gets_only_200s_and_429s_with_retry_after_and_never_more_than_max_running():
+    meter = RunningMeter()
+    with ServerThread(ServerSettings(port=0), plugins=(meter,), max_num_seqs=8, max_queued=4) as server:
+        results = asyncio.run(burst(server.base_url, 100))
+        statuses = [s for s, _ in results]
+        assert set(statuses) == {200, 429}, statuses
+        assert all(int(ra) >= 1 for s, ra in results if s == 429)
+        assert meter.max_running == 8  # the limit was reached, never passed
+        waited, stats = wait_idle(server, 1.0)
+        assert waited < 1.0, stats
