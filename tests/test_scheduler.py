@@ -152,6 +152,27 @@ def test_priority_preempts_the_least_urgent_request():
     assert plan.preempted == [lazy] and [c.request for c in plan.chunks] == [urgent]
 
 
+def test_an_urgent_arrival_preempts_a_less_urgent_running_request_under_priority():
+    sched, kv = make(num_blocks=64, max_num_seqs=1, policy="priority")
+    sched.add(lazy := make_request(range(7), priority=5, arrival=0.0))
+    apply(sched, sched.schedule())
+    sched.add(urgent := make_request(range(9), priority=1, arrival=1.0))
+    plan = sched.schedule()
+    assert plan.preempted == [lazy] and [c.request for c in plan.chunks] == [urgent]
+    sched.add(same := make_request(range(9), priority=1, arrival=2.0))  # not more urgent: waits
+    plan = sched.schedule()
+    assert not plan.preempted and [c.request for c in plan.chunks] == [urgent]
+
+
+def test_fcfs_never_preempts_for_a_waiting_request():
+    sched, _ = make(max_num_seqs=1)
+    sched.add(first := make_request(range(7), priority=5))
+    apply(sched, sched.schedule())
+    sched.add(make_request(range(9), priority=0))
+    plan = sched.schedule()
+    assert not plan.preempted and [c.request for c in plan.chunks] == [first]
+
+
 def test_a_victim_already_scheduled_this_step_gives_back_its_tokens():
     sched, kv = make(num_blocks=4, block_size=4, policy="priority", max_num_batched_tokens=8)
     lazy = make_request(range(7), priority=9)

@@ -1,5 +1,6 @@
 """`DefaultScheduler`: one step's plan — running requests first (decodes and unfinished prefill chunks),
-then waiting ones, within a token budget; preemption by recompute when KV blocks run out.
+then waiting ones, within a token budget; preemption by recompute when KV blocks run out (and, under
+the priority policy, when a more urgent request waits for blocks or a sequence slot).
 
 Every request is computed tokens catching up with known tokens; a step grants each scheduled
 request `min(uncomputed, budget left)` tokens, so long prompts are split across steps (chunked
@@ -123,9 +124,22 @@ class DefaultScheduler:
     # ---- waiting requests -------------------------------------------------------------------
 
     def _schedule_waiting(self, step: _Step) -> None:
-        while self.waiting and step.budget > 0 and len(self.running) < self.max_num_seqs:
-            if not self._admit(self.waiting.peek(), step):
+        while self.waiting and step.budget > 0:
+            head = self.waiting.peek()
+            if len(self.running) < self.max_num_seqs and self._admit(head, step):
+                continue
+            if not self._preempt_for(head, step):
                 break  # head-of-line: later requests wait their turn too
+
+    def _preempt_for(self, head: Request, step: _Step) -> bool:
+        """Priority only: make room for a waiting request more urgent than the least urgent running one."""
+        if self.policy != "priority" or not self.running:
+            return False
+        victim = pick_victim(self.policy, self.running)
+        if (victim.priority, victim.arrival) <= (head.priority, head.arrival):
+            return False
+        self._preempt(victim, step)
+        return True
 
     def _admit(self, request: Request, step: _Step) -> bool:
         # NOTE: a chunk always needs at least one new block (a prefix hit is whole blocks and never
