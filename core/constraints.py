@@ -22,7 +22,8 @@ class ConstraintSpec(msgspec.Struct, frozen=True, gc=False):
     kind "json": one JSON value valid against `schema` (`{"type": "object"}` for json_object).
     kind "tool_calls": between `min_calls` and `max_calls` (None: no limit) calls written in
     `call_format`, each naming one of `tools` (name -> parameters schema) with arguments valid
-    against that tool's schema.
+    against that tool's schema and holding only its declared parameters. A strict json schema
+    closes objects the same way (OpenAI's strict mode).
     Whitespace between JSON tokens is fixed (one space after `:` and `,`), so a model cannot
     spend its budget on it, and strings never hold raw control characters.
     """
@@ -33,6 +34,7 @@ class ConstraintSpec(msgspec.Struct, frozen=True, gc=False):
     call_format: ToolCallFormat | None = None
     min_calls: int = 1
     max_calls: int | None = 1
+    strict: bool = True  # objects hold only declared properties (forced tool arguments always do)
 
 
 @runtime_checkable
@@ -108,13 +110,13 @@ def spec_for_response_format(response_format: Any) -> ConstraintSpec | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return ConstraintSpec(kind="json", schema={"type": "object"})
+        return ConstraintSpec(kind="json", schema={"type": "object"}, strict=False)
     if kind == "json_schema":
         js = response_format.get("json_schema")
         schema = js.get("schema") if isinstance(js, dict) else None
         if not isinstance(schema, dict):
             raise InvalidRequest("response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}",
                                  field="response_format")
-        return ConstraintSpec(kind="json", schema=schema)
+        return ConstraintSpec(kind="json", schema=schema, strict=js.get("strict") is True)
     raise InvalidRequest(f"response_format type must be text, json_object or json_schema, got {kind!r}",
                          field="response_format")

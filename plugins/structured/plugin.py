@@ -1,0 +1,23 @@
+"""Provides the llguidance constraint backend (response_format json_object/json_schema, forced tool_choice)."""
+from __future__ import annotations
+
+from typing import Any
+
+from modelcall.core.hookspecs import hookimpl
+
+
+@hookimpl(trylast=True)
+def provide_constraint_backend(config: Any, tokenizer: Any, model_dir: str) -> Any:
+    opts = config.plugin_config.get("structured") or {}
+    if opts.get("enabled", True) is False:
+        return None
+    from modelcall.plugins.structured.backend import LLGuidanceBackend
+
+    return LLGuidanceBackend(tokenizer, model_dir, threads=int(opts.get("threads", 2)))
+
+
+@hookimpl
+def shutdown(kernel: Any) -> None:
+    backend = getattr(getattr(kernel, "tools", None), "backend", None)
+    if backend is not None and hasattr(backend, "prefetch"):
+        backend.prefetch.close()
