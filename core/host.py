@@ -126,15 +126,25 @@ class PluginHost:
                 raise PluginError(impl.plugin_name, hook, e) from e
         return items
 
-    async def lifecycle(self, hook: str, **kwargs: Any) -> None:
-        """Call a lifecycle hook on each plugin in turn, awaiting async implementations."""
+    async def lifecycle(self, hook: str, *, only: Iterable[str] | None = None, done: list[str] | None = None,
+                        **kwargs: Any) -> None:
+        """Call a lifecycle hook on each plugin in turn, awaiting async implementations.
+
+        `only` limits the call to the named plugins; each plugin whose implementation returned is
+        appended to `done` (so a failed start-up can shut down exactly what did start).
+        """
+        wanted = None if only is None else set(only)
         for impl in reversed(getattr(self.pm.hook, hook).get_hookimpls()):
+            if wanted is not None and impl.plugin_name not in wanted:
+                continue
             try:
                 result = impl.function(*[kwargs[a] for a in impl.argnames])
                 if inspect.isawaitable(result):
                     await result
             except Exception as e:
                 raise PluginError(impl.plugin_name, hook, e) from e
+            if done is not None:
+                done.append(impl.plugin_name)
 
     def _culprit(self, exc: BaseException, hook: str) -> str:
         codes = {impl.function.__code__: impl.plugin_name

@@ -92,7 +92,34 @@ class Kernel:
         await self.stop()
 
     async def start(self) -> None:
-        """Assemble every stage from the plugins and start the engine loop."""
+        """Assemble every stage from the plugins and start the engine loop.
+
+        Nothing is left half-started when a plugin fails: the plugins whose `startup` ran get
+        their `shutdown`, the model is released, and the error (a PluginError naming the plugin
+        and the hook) is raised.
+        """
+        started: list[str] = []
+        try:
+            await self._start(started)
+        except BaseException:
+            await self._abandon_start(started)
+            raise
+
+    async def _abandon_start(self, started: list[str]) -> None:
+        for name in reversed(started):
+            try:
+                await self.host.lifecycle("shutdown", only=(name,), kernel=self)  # type: ignore[union-attr]
+            except Exception:  # the start-up error is the one to report
+                log.exception("plugin %r failed to shut down after a failed start", name)
+        runner = getattr(self, "runner", None)
+        if runner is not None:
+            try:
+                runner.close()
+            except Exception:
+                log.exception("closing the model runner after a failed start failed")
+        self.engine = None
+
+    async def _start(self, started: list[str]) -> None:
         plugins, blocked, load_eps = self._plugin_args
         self.host = host = PluginHost(plugins, blocked=blocked, load_entrypoints=load_eps)
         cfg = self.config
@@ -114,10 +141,12 @@ class Kernel:
         self.tools = ToolSupport.assemble(host, cfg, self.tokenizer, self.model_dir, self.bus)
         self.bus.freeze()
         self.engine = Engine(self.scheduler, self.runner, self.kv, self.bus, self.window, cfg.consumer_timeout_s)
-        await host.lifecycle("startup", kernel=self)
+        await host.lifecycle("startup", done=started, kernel=self)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._tg.start_soon(self.engine.run)
+        while not self.engine.alive:  # NOTE: start() returns once requests are accepted
+            await anyio.sleep(0)
         self.started_at = now()
 
     def _assemble(self) -> None:
