@@ -143,7 +143,7 @@ class Engine:
     def _note_scheduling(self, plan: SchedulePlan, t: float, events: list) -> None:
         for req in plan.preempted:
             events.append(Preempted(request_id=req.request_id, task_id=req.task_id, ts=t,
-                                    num_computed_tokens=req.num_computed_tokens))
+                                    recompute_tokens=req.num_tokens))
         for req in plan.newly_scheduled:
             rec = self.records[req.request_id]
             if rec.scheduled is None:

@@ -138,7 +138,7 @@ class TokensEmitted(Event):
 class Preempted(Event):
     """The request lost its KV blocks to make room; it will recompute, nothing is lost."""
 
-    num_computed_tokens: int
+    recompute_tokens: int  # known tokens whose K/V must be computed again
 
 
 class ToolRequested(Event):

@@ -89,7 +89,7 @@ def test_each_kernel_has_its_own_registry():
     a.on_tokens(TokensEmitted(request_id="r", ts=0.3, token_ids=(1,), text="a"))
     a.on_tokens(TokensEmitted(request_id="r", ts=0.4, token_ids=(2,), text="b"))
     a.on_finished(fin)
-    a.on_preempted(Preempted(request_id="r", num_computed_tokens=1))
+    a.on_preempted(Preempted(request_id="r", recompute_tokens=1))
     ta, tb = a.exposition().decode(), b.exposition().decode()
     assert 'modelcall:generation_tokens_total{model_name="m"} 3.0' in ta
     assert 'modelcall:generation_tokens_total{model_name="m"} 0.0' in tb
