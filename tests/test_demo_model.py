@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 
 import pytest
 
@@ -74,3 +75,44 @@ def test_plugin_provides_the_cached_directory(demo_model_dir):
 
     host = PluginHost([plugin], load_entrypoints=False)
     assert host.provide("provide_model_dir", "model", config=KernelConfig()) == demo_model_dir
+
+
+def _fake_writer(calls: list, barrier=None):
+    def write(out_dir: str) -> str:
+        calls.append(out_dir)
+        if barrier is not None:
+            barrier.wait()  # every builder is past its checks before any renames
+        with open(os.path.join(out_dir, "config.json"), "w") as f:
+            f.write("{}")
+        return out_dir
+    return write
+
+
+def test_parallel_callers_build_the_cache_once_and_all_get_it(tmp_path, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from modelcall.plugins.demo_model import build, demo_model_dir
+
+    calls: list = []
+    monkeypatch.setattr(build, "write_demo_model", _fake_writer(calls))
+    monkeypatch.setenv("MODELCALL_CACHE_DIR", str(tmp_path))
+    with ThreadPoolExecutor(4) as pool:
+        dirs = list(pool.map(lambda _: demo_model_dir(), range(4)))
+    assert len(set(dirs)) == 1 and len(calls) == 1
+    assert os.listdir(dirs[0]) == ["config.json"]
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".demo-model-build-")]
+
+
+def test_racing_builders_into_one_directory_leave_one_complete_copy(tmp_path, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from modelcall.plugins.demo_model import build
+
+    calls: list = []
+    monkeypatch.setattr(build, "write_demo_model", _fake_writer(calls, threading.Barrier(3, timeout=30)))
+    out = str(tmp_path / "model")
+    with ThreadPoolExecutor(3) as pool:
+        dirs = list(pool.map(lambda _: build_demo_model(out), range(3)))
+    assert dirs == [out] * 3 and len(calls) == 3  # no lock here: the rename decides
+    assert os.listdir(out) == ["config.json"]
+    assert os.listdir(tmp_path) == ["model"]
