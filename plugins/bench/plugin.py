@@ -9,5 +9,6 @@ from modelcall.core import hookimpl
 @hookimpl
 def register_commands(register: Any) -> None:
     from modelcall.plugins.bench import throughput
-    register("bench", "measure throughput through a Kernel (bench throughput --model DIR --dataset FILE.jsonl)",
+    # `bench` is a command group other plugins join ("bench serve" comes with the HTTP plugin).
+    register("bench throughput", "offline throughput of a JSONL workload (all rows at once, greedy)",
              throughput.configure, throughput.run)

@@ -135,8 +135,7 @@ async def bench(args: argparse.Namespace) -> float:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="bench_kind", required=True)
-    p = sub.add_parser("throughput", help="offline throughput of a JSONL workload (all rows at once, greedy)")
+    p = parser
     p.add_argument("--model", required=True, help="a Hugging Face model directory")
     p.add_argument("--dataset", required=True, help='JSONL rows {"prompt_token_ids": [...], "max_tokens": N}')
     p.add_argument("--runs", type=int, default=3, help="timed runs after the warm-up (median reported)")

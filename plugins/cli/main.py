@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
-    return run_command(commands[args.command].run, args)
+    return run_command(commands[_chosen(args)].run, args)
 
 
 def run_command(run: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> int:
@@ -111,12 +111,23 @@ def _commands(plugins: list[str], blocked: list[str]) -> dict[str, Command]:
             cmd = Command(fields["name"], fields.get("help", ""), fields["configure"], fields["run"], plugin)
         except KeyError as e:
             raise ConfigError(f"plugin {plugin!r} registered a command without {e.args[0]!r}") from None
-        if cmd.name in commands:
-            print(f"modelcall: warning: plugin {plugin!r} registers command {cmd.name!r}, already provided by "
-                  f"{commands[cmd.name].plugin!r}; ignored", file=sys.stderr)
+        clash = _clash(cmd.name, commands)
+        if clash is not None:
+            print(f"modelcall: warning: plugin {plugin!r} registers command {cmd.name!r}, which clashes with "
+                  f"{clash!r} of {commands[clash].plugin!r}; ignored", file=sys.stderr)
             continue
         commands[cmd.name] = cmd
     return commands
+
+
+def _clash(name: str, commands: dict[str, Command]) -> str | None:
+    """The registered command `name` collides with: the same name, or a command and a group of one name."""
+    if name in commands:
+        return name
+    group, _, member = name.partition(" ")
+    if member and group in commands:
+        return group
+    return next((c for c in commands if c.startswith(name + " ")), None)
 
 
 def _parser(commands: dict[str, Command]) -> argparse.ArgumentParser:
@@ -127,7 +138,25 @@ def _parser(commands: dict[str, Command]) -> argparse.ArgumentParser:
     parser.add_argument("-p", dest="blocked", action="append", default=[], metavar="no:NAME",
                         help="do not load the plugin NAME (repeatable; before the subcommand)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    groups: dict[str, Any] = {}
     for cmd in sorted(commands.values(), key=lambda c: c.name):
-        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        group, _, member = cmd.name.partition(" ")
+        if not member:
+            p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        else:  # "GROUP MEMBER": plugins join one group (e.g. `bench throughput`, `bench serve`)
+            if group not in groups:
+                members = sorted(c.name.partition(" ")[2] for c in commands.values() if c.name.startswith(group + " "))
+                gp = sub.add_parser(group, help=f"{group} commands: {', '.join(members)}")
+                groups[group] = gp.add_subparsers(dest=GROUP_MEMBER, metavar="SUBCOMMAND", required=True)
+            p = groups[group].add_parser(member, help=cmd.help, description=cmd.help)
         cmd.configure(p)
     return parser
+
+
+GROUP_MEMBER = "modelcall_subcommand"
+
+
+def _chosen(args: argparse.Namespace) -> str:
+    """The registered name of the command `args` chose ("GROUP MEMBER" for a group member)."""
+    member = getattr(args, GROUP_MEMBER, None)
+    return f"{args.command} {member}" if member else args.command

@@ -12,9 +12,11 @@ from modelcall.core import hookimpl
 
 @hookimpl(trylast=True)
 def register_commands(register: Any) -> None:
-    from modelcall.plugins.http import serve
+    from modelcall.plugins.http import bench_serve, serve
 
     register("serve", "serve the model over HTTP (OpenAI and Anthropic APIs)", serve.configure, serve.run)
+    register("bench serve", "load an OpenAI-compatible server with streaming clients (TTFT, ITL, throughput)",
+             bench_serve.configure, bench_serve.run)
 
 
 def create_app(*args: Any, **kwargs: Any) -> Any:

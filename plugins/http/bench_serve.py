@@ -1,0 +1,221 @@
+"""`modelcall bench serve`: a client-side load generator for any OpenAI-compatible server.
+
+Streams `/v1/completions` (prompt token ids or text, `ignore_eos`/`min_tokens` so every request
+makes exactly its `max_tokens`) from N concurrent clients and reports what the clients saw: TTFT,
+inter-token latency, request and output-token throughput. When the server is modelcall, its own
+engine figures (`GET /-/stats`) are shown beside them.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    start: float
+    first: float | None = None
+    end: float = 0.0
+    chunk_times: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    error: str = ""
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first is None else self.first - self.start
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean time per output token after the first."""
+        if self.first is None or self.output_tokens < 2:
+            return None
+        return (self.end - self.first) / (self.output_tokens - 1)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--model", required=True, help="the model name the server serves")
+    parser.add_argument("--dataset", required=True,
+                        help='JSONL rows {"prompt_token_ids": [...] or "prompt": "...", "max_tokens": N}')
+    parser.add_argument("--concurrency", type=int, default=32, help="clients sending at once")
+    parser.add_argument("--num-requests", type=int, default=None, help="requests to send (default: one per row)")
+    parser.add_argument("--max-tokens", type=int, default=None, help="override each row's max_tokens")
+    parser.add_argument("--warmup", type=int, default=0, help="untimed requests first (at the same concurrency)")
+    parser.add_argument("--api-key", default=None, help="sent as a Bearer token")
+    parser.add_argument("--json", dest="json_out", default=None, metavar="FILE", help="also write the figures as JSON")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    figures = asyncio.run(bench(args))
+    print(render(figures))
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as f:
+            json.dump(figures, f, indent=2)
+    return 0 if figures["failed"] == 0 else 1
+
+
+def load_rows(path: str) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    if not rows:
+        raise SystemExit(f"{path}: no rows")
+    return rows
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    rows = load_rows(args.dataset)
+    n = args.num_requests or len(rows)
+    base = args.base_url.rstrip("/")
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
+    async with aiohttp.ClientSession(base_url=base, connector=connector, headers=headers, timeout=timeout) as session:
+        if args.warmup:
+            await _run_all(session, args, [rows[i % len(rows)] for i in range(args.warmup)], progress=False)
+        before = await _server_stats(session)
+        t0 = time.perf_counter()
+        results = await _run_all(session, args, [rows[i % len(rows)] for i in range(n)],
+                                 progress=not args.no_progress)
+        wall = time.perf_counter() - t0
+        after = await _server_stats(session)
+    return summarize(results, wall, args.concurrency, before, after)
+
+
+async def _run_all(session: aiohttp.ClientSession, args: argparse.Namespace, rows: list[dict[str, Any]],
+                   progress: bool) -> list[RequestResult]:
+    queue: asyncio.Queue = asyncio.Queue()
+    for row in rows:
+        queue.put_nowait(row)
+    results: list[RequestResult] = []
+    bar = _progress(len(rows)) if progress else None
+
+    async def client() -> None:
+        while not queue.empty():
+            row = queue.get_nowait()
+            results.append(await one_request(session, args.model, row, args.max_tokens))
+            if bar is not None:
+                bar.update(1)
+
+    await asyncio.gather(*(client() for _ in range(max(1, args.concurrency))))
+    if bar is not None:
+        bar.close()
+    return results
+
+
+def _progress(total: int) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="requests", unit="req", file=sys.stderr, dynamic_ncols=True)
+
+
+async def one_request(session: aiohttp.ClientSession, model: str, row: dict[str, Any],
+                      max_tokens: int | None) -> RequestResult:
+    n = max_tokens or row.get("max_tokens") or row.get("output_len") or 128
+    body: dict[str, Any] = {"model": model, "max_tokens": n, "temperature": 0, "stream": True,
+                            "stream_options": {"include_usage": True}, "ignore_eos": True, "min_tokens": n}
+    body["prompt"] = row["prompt_token_ids"] if "prompt_token_ids" in row else row["prompt"]
+    res = RequestResult(ok=False, start=time.perf_counter())
+    chunks = 0
+    try:
+        async with session.post("/v1/completions", json=body) as resp:
+            if resp.status != 200:
+                res.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                return res
+            async for raw in resp.content:
+                if not raw.startswith(b"data: ") or raw.startswith(b"data: [DONE]"):
+                    continue
+                now = time.perf_counter()
+                chunk = json.loads(raw[6:])
+                if chunk.get("usage"):
+                    res.output_tokens = chunk["usage"]["completion_tokens"]
+                choices = chunk.get("choices") or ()
+                if choices and choices[0].get("text"):
+                    chunks += 1
+                    if res.first is None:
+                        res.first = now
+                    res.chunk_times.append(now)
+        res.end = time.perf_counter()
+        res.output_tokens = res.output_tokens or chunks
+        res.ok = True
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        res.error = f"{type(e).__name__}: {e}"
+    return res
+
+
+async def _server_stats(session: aiohttp.ClientSession) -> dict[str, Any] | None:
+    """modelcall's own engine figures; None for other servers."""
+    try:
+        async with session.get("/-/stats") as resp:
+            if resp.status == 200:
+                return await resp.json()
+    except (aiohttp.ClientError, ValueError):
+        pass
+    return None
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    k = (len(values) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def _dist(values: list[float]) -> dict[str, float | None]:
+    ms = [v * 1000 for v in values]
+    return {"mean": statistics.fmean(ms) if ms else None, "p50": _pct(ms, 0.5), "p90": _pct(ms, 0.9),
+            "p99": _pct(ms, 0.99)}
+
+
+def summarize(results: list[RequestResult], wall: float, concurrency: int, before: dict | None,
+              after: dict | None) -> dict[str, Any]:
+    ok = [r for r in results if r.ok]
+    itl = [b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:])]
+    tokens = sum(r.output_tokens for r in ok)
+    out: dict[str, Any] = {
+        "requests": len(results), "failed": len(results) - len(ok), "concurrency": concurrency,
+        "wall_s": wall, "request_per_s": len(ok) / wall, "output_tokens": tokens, "output_tok_per_s": tokens / wall,
+        "ttft_ms": _dist([r.ttft for r in ok if r.ttft is not None]),
+        "itl_ms": _dist(itl), "tpot_ms": _dist([r.tpot for r in ok if r.tpot is not None]),
+        "errors": sorted({r.error for r in results if not r.ok})[:5],
+    }
+    if before is not None and after is not None:
+        steps = after.get("steps", 0) - before.get("steps", 0)
+        kv = after.get("kv", {})
+        out["server"] = {"engine_steps": steps, "output_tokens_per_step": tokens / steps if steps else None,
+                         "kv_blocks": kv.get("num_blocks"), "prefix_cache_hit_rate": kv.get("hit_rate"),
+                         "running_after": after.get("running"), "waiting_after": after.get("waiting")}
+    return out
+
+
+def render(f: dict[str, Any]) -> str:
+    def d(name: str) -> str:
+        x = f[name]
+        if x["p50"] is None:
+            return f"{name}: n/a"
+        return f"{name}: mean {x['mean']:.1f}  p50 {x['p50']:.1f}  p90 {x['p90']:.1f}  p99 {x['p99']:.1f}"
+
+    lines = [f"requests: {f['requests']} ({f['failed']} failed) at concurrency {f['concurrency']} in {f['wall_s']:.2f} s",
+             f"request throughput: {f['request_per_s']:.2f} req/s",
+             f"output token throughput: {f['output_tok_per_s']:.1f} tok/s ({f['output_tokens']} tokens)",
+             d("ttft_ms"), d("itl_ms"), d("tpot_ms")]
+    if "server" in f:
+        s = f["server"]
+        per_step = s["output_tokens_per_step"]
+        lines.append(f"server (modelcall): {s['engine_steps']} engine steps"
+                     + (f", {per_step:.1f} output tokens per step" if per_step else "")
+                     + (f", prefix-cache hit rate {s['prefix_cache_hit_rate']:.2f}" if s["prefix_cache_hit_rate"] is not None else ""))
+    if f["errors"]:
+        lines.append("errors: " + "; ".join(f["errors"]))
+    return "\n".join(lines)
