@@ -1,0 +1,113 @@
+"""Reasoning: text inside <think>…</think> is `reasoning_content` (OpenAI) or a `thinking` block
+(Anthropic), counted as reasoning tokens by token id, the same streamed or not."""
+from __future__ import annotations
+
+import anthropic
+import openai
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from http_server import ServerThread
+
+from modelcall.plugins.http.reasoning import ReasoningSplitter
+from modelcall.testing.scripted import ScriptedSampler
+
+THOUGHT, ANSWER = "I should greet them warmly.", "Hello there, 你好!"
+START, END = 7, 8  # the demo tokenizer's <think> and </think>
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    sampler = ScriptedSampler()
+    with ServerThread(plugins=(sampler,)) as server:
+        tok = server.kernel.tokenizer
+        assert tuple(tok.think_token_ids) == (START, END)
+        script = tok.encode(f"<think>\n{THOUGHT}\n</think>\n\n{ANSWER}")
+        sampler.say(script)
+        reasoning_tokens = script.index(END) + 1
+        yield server, reasoning_tokens, len(script)
+
+
+def test_openai_reasoning_content_whole_and_streamed(scripted):
+    server, reasoning_tokens, total = scripted
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+    msgs = [{"role": "user", "content": "hi"}]
+    whole = client.chat.completions.create(model=server.kernel.model_name, messages=msgs, max_tokens=64)
+    message = whole.choices[0].message
+    assert message.reasoning_content.strip() == THOUGHT
+    assert message.content == ANSWER
+    assert whole.usage.completion_tokens_details.reasoning_tokens == reasoning_tokens
+    assert whole.usage.completion_tokens == total + 1  # the script, then end-of-sequence
+    assert whole.choices[0].finish_reason == "stop"
+    reasoning, content, usage = "", "", None
+    for chunk in client.chat.completions.create(model=server.kernel.model_name, messages=msgs, max_tokens=64,
+                                                stream=True, stream_options={"include_usage": True}):
+        if chunk.choices:
+            reasoning += getattr(chunk.choices[0].delta, "reasoning_content", None) or ""
+            content += chunk.choices[0].delta.content or ""
+        usage = chunk.usage or usage
+    assert (reasoning, content) == (message.reasoning_content, message.content)
+    assert usage.completion_tokens_details.reasoning_tokens == reasoning_tokens
+
+
+def test_anthropic_thinking_blocks_whole_and_streamed(scripted):
+    server, _, _ = scripted
+    client = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
+    kw = dict(model=server.kernel.model_name, max_tokens=64, messages=[{"role": "user", "content": "hi"}])
+    whole = client.messages.create(**kw)
+    assert [b.type for b in whole.content] == ["thinking", "text"]
+    assert whole.content[0].thinking.strip() == THOUGHT and whole.content[1].text == ANSWER
+    assert whole.stop_reason == "end_turn"
+    with client.messages.stream(**kw) as stream:
+        kinds = [ev.content_block.type for ev in stream if ev.type == "content_block_start"]
+        final = stream.get_final_message()
+    assert kinds == ["thinking", "text"]
+    assert [b.model_dump(exclude={"signature"}) for b in final.content] == \
+           [b.model_dump(exclude={"signature"}) for b in whole.content]
+
+
+# ---- the splitter alone -------------------------------------------------------------------------
+
+TOKENS = [(1, "Hi "), (START, "<think>"), (2, "\nhmm"), (3, " <not a tag>"), (END, "</think>"), (4, "\n\nYes"), (5, ".")]
+
+
+def run(splitter: ReasoningSplitter, deltas: list[list[tuple[int, str]]]) -> tuple[str, str]:
+    reasoning, answer = "", ""
+    for d in deltas:
+        r, a = splitter.feed([t for t, _ in d], "".join(s for _, s in d))
+        reasoning, answer = reasoning + r, answer + a
+    r, a = splitter.flush()
+    return reasoning + r, answer + a
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, len(TOKENS) - 1), unique=True).map(sorted))
+def test_splitting_does_not_depend_on_how_tokens_are_grouped(cuts):
+    bounds = [0, *cuts, len(TOKENS)]
+    deltas = [TOKENS[a:b] for a, b in zip(bounds, bounds[1:])]
+    s = ReasoningSplitter(START, END)
+    assert run(s, deltas) == ("hmm <not a tag>", "Hi Yes.")
+    assert s.reasoning_tokens == 4
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="ab<>/thinkTHINK", max_size=40), st.lists(st.integers(0, 40), max_size=6))
+def test_text_split_anywhere_gives_the_same_result(text, cuts):
+    whole = run(ReasoningSplitter(START, END), [[(0, text)]])
+    pieces, last = [], 0
+    for c in sorted(set(min(c, len(text)) for c in cuts)):
+        pieces.append([(0, text[last:c])])
+        last = c
+    pieces.append([(0, text[last:])])
+    assert run(ReasoningSplitter(START, END), pieces) == whole
+
+
+def test_a_prompt_that_opens_thinking_starts_in_reasoning():
+    s = ReasoningSplitter(START, END, prompt_token_ids=[1, 2, START, 9])
+    assert run(s, [[(2, "thinking")], [(END, "</think>")], [(4, "\nanswer")]]) == ("thinking", "answer")
+    assert s.reasoning_tokens == 2
+
+
+def test_think_tokens_skipped_as_special_still_split():
+    s = ReasoningSplitter(START, END)
+    assert run(s, [[(START, "")], [(2, "deep")], [(END, "")], [(4, "done")]]) == ("deep", "done")
