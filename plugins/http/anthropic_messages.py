@@ -13,10 +13,11 @@ from modelcall.plugins.http import sse
 from modelcall.plugins.http.errors import ApiError, sse_error_payload
 from modelcall.plugins.http.schemas_anthropic import (
     AnthropicUsage, CountTokensRequest, CountTokensResponse, ImageBlock, InputMessage, MessageResponse,
-    MessagesRequest, OutText, OutThinking, RedactedThinkingBlock, TextBlock, ThinkingBlock, ToolResultBlock,
-    ToolUseBlock,
+    MessagesRequest, OutText, OutThinking, OutToolUse, RedactedThinkingBlock, TextBlock, ThinkingBlock,
+    ToolResultBlock, ToolUseBlock,
 )
 from modelcall.plugins.http.service import Generation, ServingContext, check_outcome, close_all, sampling_params
+from modelcall.plugins.http.tool_calls import anthropic_input, anthropic_options, anthropic_tool_frames, task_id_of
 
 _enc = msgspec.json.Encoder()
 
@@ -103,7 +104,8 @@ async def handle(request: web.Request, ctx: ServingContext, body: MessagesReques
               "repetition_penalty": body.repetition_penalty, "stop": tuple(body.stop_sequences or ()) or None}
     params = sampling_params(fields, 1)
     handles = await ctx.submit(params, messages=template_messages(body.system, body.messages), tools=_tools(body),
-                               chat_template_kwargs=_template_kwargs(body))
+                               chat_template_kwargs=_template_kwargs(body), task_id=task_id_of(request),
+                               **anthropic_options(body))
     try:
         g = Generation(0, handles[0], ctx.splitter(handles[0]))
         mid = "msg_" + handles[0].request_id
@@ -124,8 +126,10 @@ async def _whole(g: Generation, mid: str, model: str) -> web.Response:
     content: list[Any] = []
     if g.reasoning_text is not None:
         content.append(OutThinking(thinking=g.reasoning_text))
-    if g.text or not content:
+    if g.text or not content and not g.tool_calls:
         content.append(OutText(text=g.text))
+    content += [OutToolUse(id=c["id"], name=c["name"], input=anthropic_input(c["arguments"]))
+                for c in g.tool_calls.calls]
     reason, sequence = stop_reason(g.finished)
     out = MessageResponse(id=mid, model=model, content=content, stop_reason=reason, stop_sequence=sequence,
                           usage=usage(g))
@@ -138,6 +142,7 @@ class _Blocks:
     def __init__(self) -> None:
         self.index = -1
         self.kind: str | None = None
+        self.tools: dict[int, int] = {}  # open tool_use blocks: call index -> block index
 
     def frames(self, kind: str, text: str) -> list[bytes]:
         out = []
@@ -153,10 +158,24 @@ class _Blocks:
         return out
 
     def stop(self) -> list[bytes]:
+        out = [_frame("content_block_stop", {"type": "content_block_stop", "index": b}) for b in self.tools.values()]
+        self.tools.clear()
         if self.kind is None:
-            return []
+            return out
         self.kind = None
-        return [_frame("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+        return out + [_frame("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+
+    def tool_frames(self, deltas: Any) -> list[bytes]:
+        """`tool_use` blocks for tool-call deltas (after closing an open text or thinking block)."""
+        out = []
+        if self.kind is not None:
+            out.append(_frame("content_block_stop", {"type": "content_block_stop", "index": self.index}))
+            self.kind = None
+        return out + anthropic_tool_frames(deltas, self._next_index, _frame, self.tools)
+
+    def _next_index(self) -> int:
+        self.index += 1
+        return self.index
 
 
 async def _stream(request: web.Request, ctx: ServingContext, g: Generation, mid: str, model: str) -> web.StreamResponse:
@@ -174,6 +193,8 @@ async def _stream(request: web.Request, ctx: ServingContext, g: Generation, mid:
         async for ev in g.handle:
             if type(ev) is TokensEmitted:
                 frames = _deltas(blocks, *g.on_tokens(ev))
+                if ev.tool_calls:
+                    frames += blocks.tool_frames(ev.tool_calls)
                 if frames:
                     await out.send(*frames)
             elif type(ev) is Finished or type(ev) is RequestFailed:

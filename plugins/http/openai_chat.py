@@ -13,8 +13,10 @@ from modelcall.plugins.http.errors import ApiError, sse_error_payload
 from modelcall.plugins.http.openai_common import chat_logprobs, finish_reason, sampling_fields, usage_info
 from modelcall.plugins.http.schemas_openai import (
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
-    ChatDelta, ChatMessage, DeveloperMessage, ImagePart, Message, SystemMessage, ToolMessage, encoder,
+    ChatDelta, ChatMessage, DeveloperMessage, FunctionCall, ImagePart, Message, SystemMessage, ToolCall, ToolCallDelta,
+    ToolMessage, encoder,
 )
+from modelcall.plugins.http.tool_calls import openai_calls, openai_deltas, openai_options, task_id_of
 from modelcall.plugins.http.service import (
     Generation, ServingContext, check_outcome, close_all, events_of, new_id, sampling_params, total_usage, unix_time,
 )
@@ -25,6 +27,7 @@ RESERVED_TEMPLATE_KWARGS = {"messages", "tools", "add_generation_prompt", "token
 async def handle(request: web.Request, ctx: ServingContext, body: ChatCompletionRequest) -> web.StreamResponse:
     model = ctx.check_model(body.model)
     submit_kw = prompt_of(body)
+    submit_kw["task_id"] = task_id_of(request)
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -43,9 +46,6 @@ async def handle(request: web.Request, ctx: ServingContext, body: ChatCompletion
 
 def prompt_of(body: ChatCompletionRequest) -> dict[str, Any]:
     """The kernel.submit arguments for the prompt: template messages, tools, template options."""
-    if body.response_format is not None and body.response_format.type != "text":
-        raise ApiError(400, f"response_format {body.response_format.type!r} is not supported by this server",
-                       param="response_format")
     kwargs = dict(body.chat_template_kwargs or {})
     bad = sorted(RESERVED_TEMPLATE_KWARGS & kwargs.keys())
     if bad:
@@ -54,7 +54,7 @@ def prompt_of(body: ChatCompletionRequest) -> dict[str, Any]:
     if body.tools and body.tool_choice != "none":
         tools = [msgspec.to_builtins(t) for t in body.tools]
     return {"messages": template_messages(body.messages), "tools": tools, "chat_template_kwargs": kwargs or None,
-            "priority": body.priority, "cache_salt": body.cache_salt}
+            "priority": body.priority, "cache_salt": body.cache_salt, **openai_options(body)}
 
 
 def template_messages(messages: list[Message]) -> list[dict[str, Any]]:
@@ -110,7 +110,10 @@ async def _whole(ctx: ServingContext, gens: list[Generation], rid: str, model: s
         elif type(ev) is Finished or type(ev) is RequestFailed:
             check_outcome(ev)
             gens[i].on_finished(ev)
-    choices = [ChatChoice(index=g.index, message=ChatMessage(role="assistant", content=g.text, reasoning_content=g.reasoning_text),
+    choices = [ChatChoice(index=g.index, message=ChatMessage(
+                              role="assistant", content=g.text if g.text or not g.tool_calls else None,
+                              reasoning_content=g.reasoning_text,
+                              tool_calls=openai_calls(g.tool_calls, ToolCall, FunctionCall)),
                           finish_reason=finish_reason(g.finished.reason),
                           logprobs=chat_logprobs(ctx, g.logprobs) if want_logprobs else None)
                for g in gens]
@@ -146,6 +149,9 @@ async def _stream(request: web.Request, ctx: ServingContext, body: ChatCompletio
                 positions = ev.logprobs if want_logprobs else None
                 if reasoning or answer or positions:
                     await out.send(delta(g, reasoning, answer, positions))
+                if ev.tool_calls:
+                    await out.send(chunk(ChatChunkChoice(index=g.index, finish_reason=None, delta=ChatDelta(
+                        tool_calls=openai_deltas(ev.tool_calls, ToolCallDelta)))))
             elif type(ev) is Finished or type(ev) is RequestFailed:
                 check_outcome(ev)
                 reasoning, answer = g.on_finished(ev)

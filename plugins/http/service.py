@@ -17,8 +17,13 @@ from modelcall.events import Finished, PositionLogprobs, RequestFailed, TokensEm
 from modelcall.plugins.http.errors import ApiError
 from modelcall.plugins.http.reasoning import ReasoningSplitter
 from modelcall.plugins.http.settings import ServerSettings
+from modelcall.plugins.http.tool_calls import ToolCalls
 
 log = logging.getLogger("modelcall.http")
+
+
+# Arguments every choice of an n>1 request repeats (the prompt itself is tokenized once).
+_PER_CHOICE = ("priority", "cache_salt", "task_id", "tools", "tool_choice", "parallel_tool_calls", "response_format")
 
 
 class ServingContext:
@@ -59,7 +64,7 @@ class ServingContext:
             for p in params:
                 if handles:
                     prompt = {"prompt_token_ids": handles[0].prompt_token_ids,
-                              **{k: v for k, v in prompt.items() if k in ("priority", "cache_salt", "task_id")}}
+                              **{k: v for k, v in prompt.items() if k in _PER_CHOICE}}
                 handles.append(await self.kernel.submit(params=p, **prompt))
         except BaseException as e:
             for h in handles:
@@ -106,7 +111,8 @@ def unix_time() -> int:
 class Generation:
     """The output of one choice so far: answer and reasoning text, logprobs, and how it ended."""
 
-    __slots__ = ("index", "handle", "splitter", "content", "reasoning", "logprobs", "finished", "num_tokens")
+    __slots__ = ("index", "handle", "splitter", "content", "reasoning", "logprobs", "finished", "num_tokens",
+                 "tool_calls")
 
     def __init__(self, index: int, handle: RequestHandle, splitter: ReasoningSplitter | None) -> None:
         self.index = index
@@ -117,12 +123,15 @@ class Generation:
         self.logprobs: list[PositionLogprobs] = []
         self.finished: Finished | None = None
         self.num_tokens = 0
+        self.tool_calls = ToolCalls()
 
     def on_tokens(self, ev: TokensEmitted) -> tuple[str, str]:
         """Account for one delta; returns (reasoning, answer) text it adds."""
         self.num_tokens += len(ev.token_ids)
         if ev.logprobs:
             self.logprobs.extend(ev.logprobs)
+        if ev.tool_calls:
+            self.tool_calls.feed(ev.tool_calls)
         if self.splitter is None:
             reasoning, answer = "", ev.text
         else:
