@@ -6,8 +6,6 @@ from contextlib import asynccontextmanager
 from importlib import metadata
 from typing import Any
 
-import anyio
-
 from modelcall.core import Kernel
 from modelcall.core.hookspecs import PROJECT
 
@@ -52,9 +50,6 @@ async def kernel_for_test(plugins: Iterable[Any] = (), *, installed: bool = Fals
         block |= installed_names - wanted
     kernel = Kernel(plugins=plugins, blocked=sorted(block), **{**TEST_CONFIG, **config})
     await kernel.start()
-    with anyio.fail_after(10):  # NOTE: start() returns before the engine task has run once
-        while not kernel.ready:
-            await anyio.sleep(0.001)
     try:
         yield kernel
     finally:

@@ -53,6 +53,6 @@ def register_routes(register: Any, config: Any) -> None:
         kernel = _KERNELS.get(id(config))
         if kernel is None or kernel.host is None:
             raise web.HTTPServiceUnavailable(text="the kernel is not running")
-        return web.json_response(describe(kernel.host, kernel.config))
+        return web.json_response(describe(kernel.host, kernel.config, running=True))
 
     register("GET", "/-/plugins", plugins)

@@ -13,17 +13,23 @@ from typing import Any
 
 from modelcall.core import PluginHost
 
-# stage name (as in KernelConfig) -> provider hook
-STAGE_HOOKS: dict[str, str] = {
-    "model_dir": "provide_model_dir",
-    "tokenizer": "provide_tokenizer",
-    "sampler": "provide_sampler",
-    "runner": "provide_model_runner",
-    "kv_cache": "provide_kv_cache",
-    "scheduler": "provide_scheduler",
-}
+
+
+def stage_hooks() -> dict[str, str]:
+    """Stage name (as `KernelConfig` and `PluginHost.provide` spell it) -> provider hook, for every
+    `firstresult` hook in the specs, so a provider hook added later is listed too."""
+    from modelcall.plugins.devtools.hookdocs import hook_specs
+
+    names = {"provide_model_runner": "runner"}
+    return {names.get(name, name.removeprefix("provide_")): name
+            for _kind, name, _sig, _doc, firstresult in hook_specs() if firstresult}
+
+
+STAGE_HOOKS = stage_hooks()
 CALL_ORDER = "first in call order (not asked: asking would load the model)"
+NOT_RECORDED = "first in call order (the kernel did not record who answered)"
 ANSWERED = "answered by the running kernel"
+_RECORDED_AS = {"model_dir": "model"}  # the stage name the kernel passes to PluginHost.provide
 
 
 def _modelcall_version() -> str | None:
@@ -33,18 +39,22 @@ def _modelcall_version() -> str | None:
         return None
 
 
-def describe(host: PluginHost, config: Any = None) -> dict[str, Any]:
-    """The listing as JSON-ready data: `{"modelcall": version, "plugins": [...], "stages": {...}}`."""
+def describe(host: PluginHost, config: Any = None, *, running: bool = False) -> dict[str, Any]:
+    """The listing as JSON-ready data: `{"modelcall": version, "plugins": [...], "stages": {...}}`.
+
+    `running`: `host` belongs to a started kernel, so the stages it provided are known exactly.
+    """
     stages: dict[str, dict[str, Any]] = {}
     for stage, hook in STAGE_HOOKS.items():
         candidates = [impl.plugin_name for impl in reversed(getattr(host.pm.hook, hook).get_hookimpls())]
         configured = getattr(config, "model" if stage == "model_dir" else stage, None)
-        if stage in host.providers:
-            provider, how = host.providers[stage], ANSWERED
+        answered = host.providers.get(_RECORDED_AS.get(stage, stage))
+        if answered is not None:
+            provider, how = answered, ANSWERED
         elif stage == "model_dir" and configured:
             provider, how = None, "config.model is set: no plugin is asked"
         else:
-            provider, how = (candidates[0] if candidates else None), CALL_ORDER
+            provider, how = (candidates[0] if candidates else None), NOT_RECORDED if running else CALL_ORDER
         stages[stage] = {"provider": provider, "resolved_by": how, "configured": configured,
                          "candidates": candidates}
     version = _modelcall_version()
