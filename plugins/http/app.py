@@ -22,9 +22,10 @@ from modelcall.core import Kernel, ModelcallError
 from modelcall.plugins.http import anthropic_messages, openai_chat, openai_completions, openapi
 from modelcall.plugins.http import schemas_anthropic as A
 from modelcall.plugins.http import schemas_openai as O
-from modelcall.plugins.http.errors import ApiError, error_response
+from modelcall.plugins.http.errors import ApiError, error_response, is_anthropic, sse_error_payload
 from modelcall.plugins.http.service import ServingContext
 from modelcall.plugins.http.settings import ServerSettings
+from modelcall.plugins.http.sse import DONE, STREAM
 
 log = logging.getLogger("modelcall.http")
 
@@ -119,21 +120,32 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     try:
         return await handler(request)
     except ApiError as e:
-        return error_response(e, request.path)
+        return await _answer(request, e)
     except ModelcallError as e:
-        return error_response(ApiError.from_kernel(e), request.path)
+        return await _answer(request, ApiError.from_kernel(e))
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        return error_response(_http_error(request, e), request.path)
+        return await _answer(request, _http_error(request, e))
     except (asyncio.CancelledError, ConnectionError):
         raise
     except Exception as e:  # a bug, not the client's fault: log it, answer 500 in the protocol's shape
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(ApiError(500, f"internal server error ({type(e).__name__}); see the server log",
-                                       error_type="api_error"), request.path)
+        return await _answer(request, ApiError(500, f"internal server error ({type(e).__name__}); see the server log",
+                                               error_type="api_error"))
     finally:
         inflight["count"] -= 1
+
+
+async def _answer(request: web.Request, error: ApiError) -> web.StreamResponse:
+    stream = request.get(STREAM)
+    if stream is None:
+        return error_response(error, request.path)
+    # The stream's headers are gone already: end it with an error event instead.
+    anthropic = is_anthropic(request.path)
+    await stream.send(sse_error_payload(error, anthropic), *(() if anthropic else (DONE,)))
+    await stream.close()
+    return stream.response
 
 
 def _http_error(request: web.Request, e: web.HTTPException) -> ApiError:

@@ -8,6 +8,7 @@ import time
 from aiohttp import web
 
 DONE = b"data: [DONE]\n\n"
+STREAM: web.RequestKey[SSEWriter] = web.RequestKey("modelcall.sse", object)  # type: ignore[arg-type]
 
 
 def data_frame(payload: bytes) -> bytes:
@@ -32,6 +33,7 @@ class SSEWriter:
     async def prepare(self, headers: dict[str, str] | None = None) -> None:
         self.response.headers.update(headers or {})
         await self.response.prepare(self.request)
+        self.request[STREAM] = self  # the error middleware can still end a failed stream properly
 
     async def send(self, *frames: bytes) -> None:
         self.last_write = time.monotonic()
