@@ -1,7 +1,6 @@
 """POST /v1/messages and /v1/messages/count_tokens: the Anthropic Messages API, streaming or not."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import anyio
@@ -13,10 +12,11 @@ from modelcall.plugins.http import sse
 from modelcall.plugins.http.errors import ApiError, sse_error_payload
 from modelcall.plugins.http.schemas_anthropic import (
     AnthropicUsage, CountTokensRequest, CountTokensResponse, ImageBlock, InputMessage, MessageResponse,
-    MessagesRequest, OutText, OutThinking, OutToolUse, RedactedThinkingBlock, TextBlock, ThinkingBlock,
-    ToolResultBlock, ToolUseBlock,
+    MessagesRequest, OutText, OutThinking, OutToolUse, TextBlock, ToolResultBlock, ToolUseBlock,
 )
-from modelcall.plugins.http.service import Generation, ServingContext, check_outcome, close_all, sampling_params
+from modelcall.plugins.http.service import (
+    Generation, ServingContext, as_api_error, check_outcome, close_all, sampling_params,
+)
 from modelcall.plugins.http.tool_calls import anthropic_input, anthropic_options, anthropic_tool_frames, task_id_of
 
 _enc = msgspec.json.Encoder()
@@ -234,6 +234,5 @@ async def count_tokens(request: web.Request, ctx: ServingContext, body: CountTok
     try:
         n = await anyio.to_thread.run_sync(count)
     except Exception as e:
-        from modelcall.plugins.http.service import _as_api_error
-        raise _as_api_error(e) from e
+        raise as_api_error(e) from e
     return web.Response(body=_enc.encode(CountTokensResponse(input_tokens=n)), content_type="application/json")

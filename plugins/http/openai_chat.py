@@ -18,7 +18,7 @@ from modelcall.plugins.http.schemas_openai import (
 )
 from modelcall.plugins.http.tool_calls import openai_calls, openai_deltas, openai_options, task_id_of
 from modelcall.plugins.http.service import (
-    Generation, ServingContext, check_outcome, close_all, events_of, new_id, sampling_params, total_usage, unix_time,
+    Generation, ServingContext, check_outcome, close_all, events_of, sampling_params, total_usage, unix_time,
 )
 
 RESERVED_TEMPLATE_KWARGS = {"messages", "tools", "add_generation_prompt", "tokenize", "conversation", "documents"}

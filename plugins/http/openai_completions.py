@@ -6,15 +6,14 @@ from typing import Any
 from aiohttp import web
 
 from modelcall.core import RequestHandle
-from modelcall.events import Finished, RequestFailed, TokensEmitted
+from modelcall.events import Finished, RequestFailed, TokensEmitted, Usage
 from modelcall.plugins.http import sse
 from modelcall.plugins.http.errors import ApiError, sse_error_payload
 from modelcall.plugins.http.openai_common import completion_logprobs, finish_reason, sampling_fields, usage_info
 from modelcall.plugins.http.schemas_openai import Completion, CompletionChoice, CompletionRequest, encoder
 from modelcall.plugins.http.service import (
-    Generation, ServingContext, check_outcome, close_all, events_of, new_id, sampling_params, unix_time,
+    Generation, ServingContext, check_outcome, close_all, events_of, sampling_params, unix_time,
 )
-from modelcall.events import Usage
 
 
 def prompts_of(body: CompletionRequest) -> list[dict[str, Any]]:

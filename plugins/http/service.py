@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -69,14 +68,15 @@ class ServingContext:
         except BaseException as e:
             for h in handles:
                 h.close()
-            raise _as_api_error(e) from e
+            raise as_api_error(e) from e
         return handles
 
     def splitter(self, handle: RequestHandle) -> ReasoningSplitter | None:
         return ReasoningSplitter.for_tokenizer(self.kernel.tokenizer, handle.prompt_token_ids)
 
 
-def _as_api_error(e: BaseException) -> BaseException:
+def as_api_error(e: BaseException) -> BaseException:
+    """The ApiError to answer for an exception raised while admitting a request (others unchanged)."""
     if isinstance(e, ApiError):
         return e
     if isinstance(e, ModelcallError):
@@ -98,10 +98,6 @@ def sampling_params(fields: dict[str, Any], n: int) -> list[SamplingParams]:
     if base.seed is None:
         return [base] * n
     return [msgspec.structs.replace(base, seed=(base.seed + i) % 2**63) for i in range(n)]
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex}"
 
 
 def unix_time() -> int:
