@@ -6,7 +6,7 @@ from typing import Any
 
 import anyio
 
-from modelcall.core.output import OutputState
+from modelcall.core.output import OutputState, count_reasoning_tokens
 from modelcall.core.plan import SchedulePlan, StepOutput
 from modelcall.core.request import Request, Status
 from modelcall.core.stages import KVCachePolicy, ModelRunner, Scheduler
@@ -54,6 +54,7 @@ class Engine:
         self.alive = False
         self.step_count = 0
         self.last_error: str | None = None
+        self.think_token_ids: tuple[int, int] | None = None  # (start, end) of reasoning blocks, for usage
 
     # ---- entry from other tasks (same event loop) ---------------------------------------
 
@@ -193,7 +194,9 @@ class Engine:
         req.status = Status.FINISHED
         del self.records[req.request_id]
         usage = Usage(prompt_tokens=req.num_prompt_tokens, cached_tokens=req.num_cached_tokens,
-                      completion_tokens=req.num_output_tokens)
+                      completion_tokens=req.num_output_tokens,
+                      reasoning_tokens=count_reasoning_tokens(req.all_token_ids, req.num_prompt_tokens,
+                                                              self.think_token_ids))
         timings = Timings(received=rec.received, admitted=rec.admitted, scheduled=rec.scheduled,
                           first_token=rec.first_token, last_token=rec.last_token, finished=t)
         events.append(Finished(request_id=req.request_id, task_id=req.task_id, ts=t, reason=reason, usage=usage,

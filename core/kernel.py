@@ -141,6 +141,7 @@ class Kernel:
         self.tools = ToolSupport.assemble(host, cfg, self.tokenizer, self.model_dir, self.bus)
         self.bus.freeze()
         self.engine = Engine(self.scheduler, self.runner, self.kv, self.bus, self.window, cfg.consumer_timeout_s)
+        self.engine.think_token_ids = getattr(self.tokenizer, "think_token_ids", None)
         await host.lifecycle("startup", done=started, kernel=self)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()

@@ -77,3 +77,32 @@ def _stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:
                 longest = k
                 break
     return longest
+
+
+def count_reasoning_tokens(token_ids: list[int], num_prompt: int, think: tuple[int, int] | None) -> int:
+    """Output tokens spent inside reasoning blocks (`think` = (start id, end id)), tags included.
+
+    A block the prompt opened (a template ending in the start tag) counts from the first output
+    token. Computed once when a request ends, so it costs nothing per token.
+    """
+    if think is None:
+        return 0
+    start, end = think
+    inside = False
+    for t in reversed(token_ids[:num_prompt]):
+        if t == end:
+            break
+        if t == start:
+            inside = True
+            break
+    n = 0
+    for t in token_ids[num_prompt:]:
+        if t == start:
+            inside = True
+            n += 1
+        elif t == end:
+            inside = False
+            n += 1
+        elif inside:
+            n += 1
+    return n

@@ -172,3 +172,31 @@ def test_a_full_ledger_queue_drops_and_counts_never_blocks(tmp_path):
     assert obs.dropped >= 90 and bus.observer_stats()["ledger"]["dropped"] == obs.dropped
     gate.set()
     obs.close()
+
+
+def test_reasoning_tokens_in_the_ledger_equal_the_responses(tmp_path):
+    from modelcall.core.output import count_reasoning_tokens
+    from modelcall.testing import ScriptedSampler
+
+    assert count_reasoning_tokens([7, 1, 9, 5, 2, 6], 1, (1, 2)) == 4   # <think> 9 5 </think>, then 6
+    assert count_reasoning_tokens([1, 9, 2, 6], 1, (1, 2)) == 2          # opened by the prompt
+    assert count_reasoning_tokens([1, 9, 2, 6], 1, None) == 0
+
+    sampler = ScriptedSampler()
+    db = tmp_path / "ledger.sqlite3"
+    with ServerThread(plugins=(sampler,), plugin_config={"ledger": {"path": str(db)}}) as server:
+        tok = server.kernel.tokenizer
+        if not getattr(tok, "think_token_ids", None):
+            pytest.skip("the demo tokenizer has no think tokens")
+        start, end = tok.think_token_ids
+        script = [start, *tok.encode(" let me think about it "), end, *tok.encode("The answer is 4.")]
+        server.call(lambda: sampler.say(script))
+        base = server.base_url
+        model = httpx.get(base + "/v1/models").json()["data"][0]["id"]
+        b = httpx.post(base + "/v1/chat/completions", json={"model": model, "max_tokens": 64,
+                                                             "messages": [{"role": "user", "content": "2+2?"}]}).json()
+        want = b["usage"]["completion_tokens_details"]["reasoning_tokens"]
+        assert want > 0
+        rows = _wait_rows(server, db, 1)
+    [row] = [r for r in rows if r["request_id"] == b["id"].removeprefix("chatcmpl-")]
+    assert row["reasoning_tokens"] == want and row["completion_tokens"] == b["usage"]["completion_tokens"]
