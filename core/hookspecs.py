@@ -77,13 +77,19 @@ def register_observers(register: Any, config: Any) -> None:
 
 @hookspec
 def register_safety_filters(register: Any, config: Any) -> None:
-    """Call `register(filter)` for each safety filter (input and/or streaming output checks)."""
+    """Call `register(filter)` for each safety filter (`modelcall.core.safety.SafetyFilter`):
+    `check_input(text)` refuses a prompt before any compute (400 with the reason);
+    `output_filter(request)` gives a per-request streaming filter run inline each step, which
+    may redact text or end the request with finish reason `content_filter`."""
 
 
 @hookspec
 def register_meters(register: Any, config: Any) -> None:
-    """Call `register(meter)` for each meter: an object with `observe(finished_event)` that
-    turns usage into a figure (a cost, a quota charge, a row in a file)."""
+    """Call `register(meter)` for each meter (`modelcall.core.metering.Meter`): `observe(event)`
+    receives each request's terminal event (Finished, RequestFailed, RequestRejected) and turns
+    usage into a figure (a cost, a quota charge, a row in a file). An optional
+    `reserve(admission)` is called at admission, before any compute, and may refuse by raising
+    `Overloaded` (429) or `PermissionDenied` (403)."""
 
 
 @hookspec

@@ -272,7 +272,8 @@ class Kernel:
                     meter.reserve(adm)
         except (InvalidRequest, Overloaded, Unavailable, PermissionDenied) as e:
             self.bus.publish((RequestRejected(request_id=rid, task_id=task_id, status=e.status,
-                                              error_type=e.error_type, message=str(e)),))
+                                              error_type=e.error_type, message=str(e),
+                                              caller=caller.name if caller is not None else None),))
             raise
         req = Request(rid, ids, params, task_id=task_id, priority=priority, arrival=received,
                       cache_salt=cache_salt, max_tokens=max_tokens, eos_token_ids=self.spec.eos_token_ids

@@ -193,6 +193,7 @@ class RequestRejected(Event):
     status: int
     error_type: str
     message: str
+    caller: str | None = None  # the authenticated caller's name, when one was known
 
 
 class RequestFailed(Event):

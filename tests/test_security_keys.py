@@ -128,3 +128,18 @@ def test_verification_compares_every_digest_in_constant_time(monkeypatch):
     assert store.verify("key0").name == "k0"
     assert len(calls) == 5  # no early exit on the first match
     assert all(len(a) == len(b) == 32 for a, b in calls)
+
+
+def test_keys_new_prints_an_entry_whose_digest_matches_the_key_shown_once(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = subprocess.run([str(Path(sys.executable).parent / "modelcall"), "keys", "new", "ci", "--rpm", "60",
+                          "--models", "demo-model-1"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    key = out.stderr.strip().rsplit(" ", 1)[-1]
+    assert key not in out.stdout
+    (tmp_path / "k.toml").write_text(out.stdout)
+    caller = KeyStore.load(tmp_path / "k.toml").verify(key)
+    assert caller.name == "ci" and caller.limits.rpm == 60 and caller.models == frozenset({"demo-model-1"})

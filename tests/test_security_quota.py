@@ -21,6 +21,8 @@ from modelcall.core.metering import Admission, Caller
 from modelcall.events import Finished, RequestFailed, RequestRejected, Timings, Usage
 from modelcall.plugins.auth.keys import Limits
 from modelcall.plugins.auth.quota import WINDOW_S, QuotaBook
+from modelcall.plugins.ledger.plugin import ledger_of
+from modelcall.plugins.ledger.store import open_readonly
 
 
 class Clock:
@@ -130,7 +132,9 @@ def server(tmp_path_factory):
         BURST_KEY: {"name": "burst", "rpm": 5},
         TOKENS_KEY: {"name": "tokens", "tpm": 400},
     })
-    with ServerThread(plugin_config={"auth": {"api_keys": str(keys)}}) as s:
+    db = keys.parent / "ledger.sqlite3"
+    with ServerThread(plugin_config={"auth": {"api_keys": str(keys)}, "ledger": {"path": str(db)}}) as s:
+        s.ledger = db
         yield s
 
 
@@ -151,6 +155,14 @@ def test_a_concurrent_burst_gets_exactly_the_requests_per_minute_and_429_with_re
     for r in refused:
         assert int(r.headers["Retry-After"]) >= 1
         assert r.json()["error"]["type"] == "rate_limit_error"
+    # The refusals are in the ledger under the key's name, before any compute (no tokens).
+    observer, _ = ledger_of(server.kernel.config)
+    observer.flush()
+    with open_readonly(server.ledger) as conn:
+        rows = conn.execute("SELECT status, COUNT(*), SUM(completion_tokens) FROM requests WHERE key_name = 'burst' "
+                            "GROUP BY status ORDER BY status").fetchall()
+    (s1, n1, t1), (s2, n2, t2) = [tuple(r) for r in rows]
+    assert (s1, n1, s2, n2, t2) == (200, 5, 429, 7, 0) and 0 < t1 <= 20
 
 
 def test_a_concurrent_burst_never_spends_more_tokens_per_minute_than_allowed(server):

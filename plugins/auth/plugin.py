@@ -28,3 +28,37 @@ def register_middlewares(register: Any, config: Any) -> None:
         from modelcall.plugins.auth.middleware import auth_middleware  # aiohttp only where served
 
         register(auth_middleware(KeyStore.load(path)), order=-100)
+
+
+def _configure_keys(parser: Any) -> None:
+    parser.add_argument("name", metavar="NAME", help="a name for the key (recorded with every request it makes)")
+    parser.add_argument("--rpm", type=int, help="requests per minute")
+    parser.add_argument("--tpm", type=int, help="tokens per minute (prompt + completion)")
+    parser.add_argument("--daily-tokens", type=int, help="tokens per UTC day")
+    parser.add_argument("--models", nargs="+", help="models the key may use (default: all)")
+    parser.add_argument("--tools", nargs="+", help="tools the key may offer (default: all)")
+
+
+def _run_keys(args: Any) -> int:
+    import json
+    import sys
+
+    from modelcall.plugins.auth.keys import new_key
+
+    key, digest = new_key()
+    lines = ["[[keys]]", f"name = {json.dumps(args.name)}", f'sha256 = "{digest}"']
+    for field in ("rpm", "tpm", "daily_tokens"):
+        if getattr(args, field) is not None:
+            lines.append(f"{field} = {getattr(args, field)}")
+    for field in ("models", "tools"):
+        if getattr(args, field):
+            lines.append(f"{field} = {json.dumps(getattr(args, field))}")
+    print("\n".join(lines))
+    print(f"# the key (shown once, not stored anywhere): {key}", file=sys.stderr)
+    return 0
+
+
+@hookimpl(trylast=True)
+def register_commands(register: Any) -> None:
+    register("keys new", "make an API key: prints its [[keys]] entry (the sha256 only) and the key once on stderr",
+             _configure_keys, _run_keys)

@@ -98,7 +98,7 @@ class Recorder:
                        finished=self.wall(ev.ts))
             rows.append(_as_row(row))
         elif kind is RequestRejected:
-            rows.append(_as_row({"request_id": rid, "task_id": ev.task_id, "status": ev.status,
+            rows.append(_as_row({"request_id": rid, "task_id": ev.task_id, "status": ev.status, "key_name": ev.caller,
                                  "finish_reason": "rejected", "error": f"{ev.error_type}: {ev.message}",
                                  "received": self.wall(ev.ts), "finished": self.wall(ev.ts)}))
         elif kind is ResponseSent:

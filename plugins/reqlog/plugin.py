@@ -63,6 +63,8 @@ class RequestLog:
             line.update(status=500, finish_reason="error", error_type=ev.error_type)
         else:  # RequestRejected: the message may quote limits, never the prompt
             line.update(status=ev.status, finish_reason="rejected", error_type=ev.error_type)
+            if ev.caller:
+                line["caller"] = ev.caller
         text = json.dumps(line, separators=(",", ":"))
         if self.file is not None:
             self.file.write(text + "\n")
