@@ -170,3 +170,26 @@ def test_models_health_ready(server, model):
     assert httpx.get(server.base_url + "/ready").json() == {"status": "ready"}
     cards = httpx.get(server.base_url + "/v1/models").json()
     assert cards["object"] == "list" and cards["data"][0]["id"] == model
+
+
+def test_kernel_sampling_fields_and_max_completion_tokens(oai, model):
+    msgs = [{"role": "user", "content": "Name three rivers"}]
+    greedy = oai.chat.completions.create(model=model, messages=msgs, max_tokens=16, temperature=0)
+    top1 = oai.chat.completions.create(model=model, messages=msgs, max_completion_tokens=16, max_tokens=3,
+                                       temperature=1.0, user="someone", extra_body={"top_k": 1, "min_p": 0.0,
+                                                                                    "repetition_penalty": 1.0})
+    assert top1.choices[0].message.content == greedy.choices[0].message.content
+    assert top1.usage.completion_tokens == 16  # max_completion_tokens wins over max_tokens
+    floor = oai.chat.completions.create(model=model, messages=msgs, max_tokens=16, temperature=0,
+                                        extra_body={"min_tokens": 16, "ignore_eos": True})
+    assert floor.usage.completion_tokens == 16
+
+
+def test_anthropic_system_blocks_equal_a_system_string(claude, model):
+    kw = dict(model=model, max_tokens=10, extra_body={"temperature": 0}, messages=[{"role": "user", "content": "hi"}])
+    plain = claude.messages.create(system="You are terse. Answer now.", **kw)
+    blocks = claude.messages.create(system=[{"type": "text", "text": "You are terse. "},
+                                            {"type": "text", "text": "Answer now."}], **kw)
+    assert blocks.content[0].text == plain.content[0].text
+    assert blocks.usage.input_tokens + blocks.usage.cache_read_input_tokens == \
+           plain.usage.input_tokens + plain.usage.cache_read_input_tokens
