@@ -42,7 +42,10 @@ def admit_chat(tokenizer: Any, messages: list[dict], tools: list[dict] | None, t
         return tokenizer.apply_chat_template(msgs, tools=with_tools, add_generation_prompt=True, **kw)
 
     def parts_of(msgs: list[dict], prompt_ids: list[int]) -> dict[str, int]:
-        cost = tools_cost(lambda t: render(msgs, t), tokenizer.encode, len(prompt_ids), tools)
+        try:
+            cost = tools_cost(lambda t: render(msgs, t), tokenizer.encode, len(prompt_ids), tools)
+        except Exception:  # NOTE: a template that cannot render without tools must not fail the request
+            cost = 0       # (their tokens then count as template)
         return count_parts(msgs, len(prompt_ids), tokenizer.encode, cost)
 
     parts = parts_of(messages, ids)
