@@ -1,12 +1,209 @@
-"""Placeholder: the CPU paged-attention kernel (filled in below)."""
+"""A small C kernel for paged attention on CPU, compiled on first use and called through ctypes.
+
+Why: the portable path gathers every request's context out of the block pool into a padded copy
+before attention (read + write + read again of every cached byte, per layer, per step). At W1's
+decode shapes that copy costs more than the attention itself; this kernel reads each K/V row once,
+straight from its slot. It is plain C (no torch headers: builds in about a second), parallel over
+(token, kv head) with OpenMP, fp32 or bf16 K/V, fp32 math. Without a C compiler the runner keeps
+the portable path.
+
+    for each (token t, kv head h):           keys 0..pos[t] of t's request, by slot
+        scores[g][j] = q[t, h*G+g] · K[slot(j), h] * scale        G = Hq / Hkv query heads share K/V
+        out[t, h*G+g] = softmax(scores[g]) @ V[slot(.), h]
+"""
 from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
 
 import torch
 
+log = logging.getLogger("modelcall.runner")
+
+SOURCE = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+/* One K/V row (d values, fp32 or bf16 bits) of slot `row` as fp32 into dst. */
+static inline void load_row(float *dst, const void *base, int64_t row, int64_t d, int bf16) {
+    if (bf16) {
+        const uint16_t *src = (const uint16_t *)base + row * d;
+        for (int64_t i = 0; i < d; i++) {
+            uint32_t u = (uint32_t)src[i] << 16;
+            memcpy(&dst[i], &u, 4);
+        }
+    } else {
+        memcpy(dst, (const float *)base + row * d, (size_t)d * 4);
+    }
+}
+
+#if defined(__AVX512F__)
+static inline __m512 load16(const void *base, int64_t off, int bf16) {
+    if (bf16) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + off));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    return _mm512_loadu_ps((const float *)base + off);
+}
+#endif
+
+/* scores[gi*len + j] = q_gi . K[j] * scale, then softmax over j, then out_gi = sum_j p_j V[j]. */
+static void attend(const float *qh, float *oh, const void *kc, const void *vc, int bf16, const int64_t *sl,
+                   int64_t len, int64_t g, int64_t hkv, int64_t h, int64_t d, float scale, float *scores, float *row) {
+#if defined(__AVX512F__)
+    if (d % 16 == 0 && d <= 256) {
+        const int64_t nv = d / 16;
+        for (int64_t j = 0; j < len; j++) {
+            const int64_t off = (sl[j] * hkv + h) * d;
+            __m512 k[16];
+            for (int64_t v = 0; v < nv; v++) k[v] = load16(kc, off + 16 * v, bf16);
+            for (int64_t gi = 0; gi < g; gi++) {
+                const float *qq = qh + gi * d;
+                __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qq), k[0]);
+                for (int64_t v = 1; v < nv; v++) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qq + 16 * v), k[v], acc);
+                scores[gi * len + j] = _mm512_reduce_add_ps(acc) * scale;
+            }
+        }
+    } else
+#endif
+    for (int64_t j = 0; j < len; j++) {
+        load_row(row, kc, sl[j] * hkv + h, d, bf16);
+        for (int64_t gi = 0; gi < g; gi++) {
+            const float *qq = qh + gi * d;
+            float s = 0.f;
+            for (int64_t i = 0; i < d; i++) s += qq[i] * row[i];
+            scores[gi * len + j] = s * scale;
+        }
+    }
+    for (int64_t gi = 0; gi < g; gi++) {
+        float *sc = scores + gi * len;
+        float m = -INFINITY, sum = 0.f;
+        for (int64_t j = 0; j < len; j++) m = sc[j] > m ? sc[j] : m;
+        for (int64_t j = 0; j < len; j++) { sc[j] = expf(sc[j] - m); sum += sc[j]; }
+        const float inv = 1.f / sum;
+        for (int64_t j = 0; j < len; j++) sc[j] *= inv;
+    }
+#if defined(__AVX512F__)
+    if (d % 16 == 0 && d <= 256) {
+        const int64_t nv = d / 16;
+        for (int64_t gi = 0; gi < g; gi++) {
+            __m512 acc[16];
+            for (int64_t v = 0; v < nv; v++) acc[v] = _mm512_setzero_ps();
+            const float *sc = scores + gi * len;
+            for (int64_t j = 0; j < len; j++) {
+                const int64_t off = (sl[j] * hkv + h) * d;
+                const __m512 p = _mm512_set1_ps(sc[j]);
+                for (int64_t v = 0; v < nv; v++) acc[v] = _mm512_fmadd_ps(p, load16(vc, off + 16 * v, bf16), acc[v]);
+            }
+            for (int64_t v = 0; v < nv; v++) _mm512_storeu_ps(oh + gi * d + 16 * v, acc[v]);
+        }
+        return;
+    }
+#endif
+    memset(oh, 0, sizeof(float) * (size_t)(g * d));
+    for (int64_t j = 0; j < len; j++) {
+        load_row(row, vc, sl[j] * hkv + h, d, bf16);
+        for (int64_t gi = 0; gi < g; gi++) {
+            const float p = scores[gi * len + j];
+            float *o = oh + gi * d;
+            for (int64_t i = 0; i < d; i++) o[i] += p * row[i];
+        }
+    }
+}
+
+void paged_attention(const float *q, float *out, const void *kc, const void *vc, int bf16,
+                     const int64_t *tok_seq, const int64_t *tok_pos, const int64_t *slots, int64_t max_ctx,
+                     int64_t n, int64_t hq, int64_t hkv, int64_t d, float scale, int nthreads) {
+    const int64_t g = hq / hkv;
+    #pragma omp parallel num_threads(nthreads)
+    {
+        /* per-thread scratch: scores of the longest context plus one row */
+        float *scores = (float *)malloc(sizeof(float) * (size_t)(g * max_ctx + d));
+        #pragma omp for schedule(dynamic, 4)
+        for (int64_t w = 0; w < n * hkv; w++) {
+            const int64_t t = w / hkv, h = w % hkv;
+            attend(q + (t * hq + h * g) * d, out + (t * hq + h * g) * d, kc, vc, bf16,
+                   slots + tok_seq[t] * max_ctx, tok_pos[t] + 1, g, hkv, h, d, scale, scores, scores + g * max_ctx);
+        }
+        free(scores);
+    }
+}
+"""
+
+_lib: ctypes.CDLL | None = None
+_tried = False
+_lock = threading.Lock()
+
+
+def _cache_dir() -> str:
+    root = os.environ.get("MODELCALL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "modelcall")
+    return os.path.join(root, "kernels")
+
+
+def _build() -> ctypes.CDLL | None:
+    cc = os.environ.get("CC", "cc")
+    flags = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
+    key = hashlib.sha256("\0".join([SOURCE, cc, *flags, "-lm", platform.machine(), sys.platform]).encode()).hexdigest()[:16]
+    out_dir = _cache_dir()
+    lib_path = os.path.join(out_dir, f"paged_attention_{key}.so")
+    if not os.path.exists(lib_path):
+        os.makedirs(out_dir, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+            src = os.path.join(tmp, "paged_attention.c")
+            with open(src, "w") as f:
+                f.write(SOURCE)
+            tmp_lib = os.path.join(tmp, "lib.so")
+            subprocess.run([cc, *flags, src, "-o", tmp_lib, "-lm"], check=True, capture_output=True, timeout=120)
+            os.replace(tmp_lib, lib_path)   # atomic: concurrent builders never see half a file
+    lib = ctypes.CDLL(lib_path)
+    fn = lib.paged_attention
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [p, p, p, p, ctypes.c_int, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
+    fn.restype = None
+    return lib
+
+
+def load() -> ctypes.CDLL | None:
+    """The compiled kernel, or None when it cannot be built here (no compiler, not x86/arm Linux...)."""
+    global _lib, _tried
+    if not _tried:
+        with _lock:
+            if not _tried:
+                if os.environ.get("MODELCALL_CPU_KERNEL", "1") != "0":
+                    try:
+                        _lib = _build()
+                    except Exception as e:  # no compiler, or it failed: the portable path still works
+                        log.warning("CPU paged-attention kernel unavailable (%s); using the portable path", e)
+                _tried = True
+    return _lib
+
 
 def usable(q_rows: torch.Tensor, kc: torch.Tensor) -> bool:
-    return False
+    return (q_rows.device.type == "cpu" and q_rows.dtype in (torch.float32, torch.bfloat16)
+            and kc.dtype in (torch.float32, torch.bfloat16) and load() is not None)
 
 
-def paged_attention(q_rows, kc, vc, step, scale):  # pragma: no cover
-    raise NotImplementedError
+def paged_attention(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, step, scale: float) -> torch.Tensor:
+    """[n, Hq, D] attention of the paged group's tokens (cache [slots, Hkv, D]); math in fp32."""
+    lib = load()
+    assert lib is not None
+    q = q_rows.float().contiguous()
+    n, hq, d = q.shape
+    out = torch.empty_like(q)
+    slots = step.paged_slots
+    lib.paged_attention(q.data_ptr(), out.data_ptr(), kc.data_ptr(), vc.data_ptr(), int(kc.dtype == torch.bfloat16),
+                        step.paged_token_seq.data_ptr(), step.paged_token_pos.data_ptr(), slots.data_ptr(),
+                        slots.shape[1], n, hq, kc.shape[1], d, scale, torch.get_num_threads())
+    return out.to(q_rows.dtype)

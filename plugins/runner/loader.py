@@ -3,13 +3,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from modelcall.core import ConfigError, KernelConfig, ModelSpec
+
+log = logging.getLogger("modelcall.runner")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -37,9 +41,9 @@ def checkpoint_dtype(hf_config: dict[str, Any]) -> torch.dtype:
 
 
 def resolve_placement(config: KernelConfig, hf_config: dict[str, Any]) -> Placement:
-    """auto: CUDA when present (bf16 compute and KV); on CPU compute in fp32 even for a bf16 checkpoint
-    (bf16 matmuls are slower than fp32 on CPUs without AMX) and keep a bf16 checkpoint's KV in bf16
-    (attention reads half the bytes)."""
+    """auto: CUDA when present (bf16 compute and KV). On CPU an fp32 checkpoint computes in fp32; a bf16
+    checkpoint computes in whichever of fp32 and bf16 is faster here (`faster_cpu_dtype`) and keeps its
+    KV in bf16 (attention reads half the bytes)."""
     if config.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
@@ -49,8 +53,12 @@ def resolve_placement(config: KernelConfig, hf_config: dict[str, Any]) -> Placem
     ckpt = checkpoint_dtype(hf_config)
     if config.dtype != "auto":
         dtype = DTYPES[config.dtype]
+    elif device.type == "cuda":
+        dtype = torch.bfloat16
+    elif ckpt == torch.bfloat16:
+        dtype = faster_cpu_dtype(hf_config)
     else:
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        dtype = torch.float32
     kv = config.kv_cache_dtype
     if kv == "auto":
         kv_dtype = dtype if device.type == "cuda" or ckpt == torch.float32 else torch.bfloat16
@@ -59,6 +67,40 @@ def resolve_placement(config: KernelConfig, hf_config: dict[str, Any]) -> Placem
     else:
         raise ConfigError(f"kv_cache_dtype must be auto, float32, bfloat16 or float16, got {kv!r}")
     return Placement(device, dtype, kv_dtype)
+
+
+def faster_cpu_dtype(hf_config: dict[str, Any]) -> torch.dtype:
+    """For a bf16 checkpoint on CPU: bf16 or fp32 compute, whichever runs this model's linear layers faster
+    at a decode-sized batch on this machine.
+
+    NOTE: measured, not assumed. Without AMX, fp32 (MKL) can beat bf16 (oneDNN) on a quiet CPU, but
+    decode matmuls stream the weights, and on a busy or bandwidth-starved machine bf16's half-size
+    weights won 2x here (2026-11-29). The probe takes ~0.1 s; fp32 checkpoints are never downcast.
+    """
+    hidden = int(hf_config.get("hidden_size") or 0)
+    inter = int(hf_config.get("intermediate_size") or 4 * hidden)
+    if not hidden:
+        return torch.float32
+    count = max(1, min(8, (16 << 20) // (hidden * inter)))   # ~64 MB of fp32 weights: more than a cache holds
+    x = torch.randn(32, hidden)
+    weights = [torch.randn(inter, hidden) for _ in range(count)]
+
+    def best_time(dtype: torch.dtype) -> float:
+        xs, ws = x.to(dtype), [w.to(dtype) for w in weights]
+        best = float("inf")
+        for _ in range(4):
+            t0 = time.perf_counter()
+            for w in ws:
+                torch.nn.functional.linear(xs, w)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    with torch.inference_mode():
+        fp32, bf16 = best_time(torch.float32), best_time(torch.bfloat16)
+    choice = torch.bfloat16 if bf16 < 0.9 * fp32 else torch.float32
+    log.info("bf16 checkpoint on CPU: linear probe fp32 %.1f ms, bf16 %.1f ms -> computing in %s",
+             fp32 * 1e3, bf16 * 1e3, choice)
+    return choice
 
 
 def model_identity(model_dir: str) -> str:

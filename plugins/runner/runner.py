@@ -29,9 +29,9 @@ class TorchModelRunner:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         hf_json = check_model_dir(model_dir)
+        if config.threads:
+            torch.set_num_threads(config.threads)   # before the dtype probe, which times CPU matmuls
         self.placement = p = resolve_placement(config, hf_json)
-        if config.threads and p.device.type == "cpu":
-            torch.set_num_threads(config.threads)
         hf_config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
         bad = unsupported_features(hf_config)
         if bad:
