@@ -5,7 +5,8 @@
 W1-style: 32 requests of 128 prompt token ids, 128 new tokens each, greedy, end-of-sequence
 ignored, all submitted at once; output tokens per wall second. The two kernels run in
 alternation (off, on, off, on, ...) so machine noise hits both; the figure is the ratio of
-the medians. The demo model by default (a tiny model makes per-token observer cost look
+the medians, for throughput and for process CPU time per output token (less sensitive to
+other load on a shared machine). The demo model by default (a tiny model makes per-token observer cost look
 largest); --model takes the W1 reference model.
 """
 from __future__ import annotations
@@ -25,7 +26,8 @@ from modelcall.core import Kernel, SamplingParams
 RECORDS = ("ledger", "metrics", "request_log", "api_keys", "safety")
 
 
-async def run_once(kernel: Kernel, prompts: list[list[int]], max_tokens: int) -> float:
+async def run_once(kernel: Kernel, prompts: list[list[int]], max_tokens: int) -> tuple[float, float]:
+    """(output tokens per wall second, process CPU microseconds per output token)."""
     kernel.kv.reset_prefix_cache()
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     tokens = []
@@ -34,11 +36,12 @@ async def run_once(kernel: Kernel, prompts: list[list[int]], max_tokens: int) ->
         done = await kernel.complete(prompt_token_ids=ids, params=params)
         tokens.append(done.usage.completion_tokens)
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     async with anyio.create_task_group() as tg:
         for ids in prompts:
             tg.start_soon(one, ids)
-    return sum(tokens) / (time.perf_counter() - t0)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return sum(tokens) / wall, 1e6 * cpu / sum(tokens)
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -62,16 +65,22 @@ async def main(args: argparse.Namespace) -> None:
         for k in (off, on):
             await run_once(k, prompts[:4], 8)  # warm-up
         rates: dict[str, list[float]] = {"off": [], "on": []}
+        cpus: dict[str, list[float]] = {"off": [], "on": []}
         for r in range(args.rounds):
             order = (off, on) if r % 2 == 0 else (on, off)
             for k in order:
-                rate = await run_once(k, prompts, args.max_tokens)
+                rate, cpu = await run_once(k, prompts, args.max_tokens)
                 rates[names[id(k)]].append(rate)
-                print(f"round {r + 1} {names[id(k)]:>3}: {rate:8.1f} tok/s", flush=True)
+                cpus[names[id(k)]].append(cpu)
+                print(f"round {r + 1} {names[id(k)]:>3}: {rate:8.1f} tok/s, {cpu:7.1f} CPU µs per token",
+                      flush=True)
         stats = on.bus.observer_stats()
     med = {k: statistics.median(v) for k, v in rates.items()}
     print(f"median tok/s: off {med['off']:.1f}, on {med['on']:.1f}; on/off = {med['on'] / med['off']:.3f} "
           f"({100 * (med['on'] / med['off'] - 1):+.1f}%)")
+    cpu = {k: statistics.median(v) for k, v in cpus.items()}
+    print(f"median CPU µs per output token: off {cpu['off']:.1f}, on {cpu['on']:.1f}; "
+          f"on/off = {cpu['on'] / cpu['off']:.3f} ({100 * (cpu['on'] / cpu['off'] - 1):+.1f}%)")
     print(f"observer drops/errors: {stats}")
     import sqlite3
     rows = sqlite3.connect(tmp / "ledger.sqlite3").execute("SELECT COUNT(*) FROM requests").fetchone()[0]
