@@ -48,7 +48,8 @@ def auth_middleware(store: KeyStore, open_paths: Iterable[str] = OPEN_PATHS) -> 
             log.info("refused %s %s: %s API key", request.method, request.path, "invalid" if key else "no")
             raise Unauthenticated("a valid API key is required: send `Authorization: Bearer <key>` or "
                                   "`x-api-key: <key>`" if not key else "the API key is not valid")
-        if request.method == "POST" and request.content_type == "application/json":
+        if request.can_read_body:
+            # NOTE: whatever the Content-Type says: the routes decode any body as JSON.
             model, tools = _body_fields(await request.read())
             if isinstance(model, str) and not caller.may_use_model(model):
                 raise PermissionDenied(f"the key {caller.name!r} may not use model {model!r}", field="model")

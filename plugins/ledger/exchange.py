@@ -51,7 +51,7 @@ def exchange_middleware(kernel_of: Callable[[], Any]) -> Callable[..., Any]:
         except ValueError:
             retries = 0
         policy = headers.get(POLICY_HEADER)
-        if policy is None and request.content_type == "application/json":
+        if policy is None and request.can_read_body:
             policy = _policy_from_body(await request.read())
         with exchange(task_id=headers.get(TASK_HEADER) or None, context_policy=policy, retries=retries) as ex:
             response = await handler(request)
