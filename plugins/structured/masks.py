@@ -22,16 +22,8 @@ from typing import Any
 import torch
 
 log = logging.getLogger("modelcall.structured")
-_BITS = torch.tensor([1 << i for i in range(32)], dtype=torch.int64)
-
-
-def allowed_from_bitmask(words: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[W] int32 bitmask words -> [vocab] bool (token i allowed when bit i%32 of word i//32 is set)."""
-    bits = (words.to(torch.int64).unsqueeze(-1) & _BITS) != 0
-    flat = bits.reshape(-1)
-    if flat.numel() >= vocab:
-        return flat[:vocab]
-    return torch.cat([flat, torch.zeros(vocab - flat.numel(), dtype=torch.bool)])
+# byte value -> its 8 bits, lowest first (llguidance's bitmask: bit i%32 of little-endian word i//32)
+_UNPACK = torch.tensor([[(b >> j) & 1 for j in range(8)] for b in range(256)], dtype=torch.bool)
 
 
 class GrammarProcessor:
@@ -45,7 +37,7 @@ class GrammarProcessor:
         self.request_id = request_id
         self.consumed = 0                     # output tokens the matcher has taken
         self.pending: list[int] = []          # tokens seen by the observer, not yet consumed
-        self.mask: torch.Tensor | None = None  # the bitmask after `mask_at` tokens
+        self.blocked: torch.Tensor | None = None  # forbidden tokens after `mask_at` output tokens
         self.mask_at = -1
         self.future: Future | None = None
         self.lock = threading.Lock()
@@ -76,16 +68,31 @@ class GrammarProcessor:
                     self.consumed, self.pending = n, []
                 self.pending = list(output_token_ids[self.consumed:n])
                 self.advance()
-                self.mask = torch.full((self.num_words,), -1, dtype=torch.int32)
-                self.matcher.unsafe_compute_mask_ptr(self.mask.data_ptr(), self.num_words * 4)
+                mask = torch.full((1, self.num_words), -1, dtype=torch.int32)
+                self.matcher.unsafe_compute_mask_ptr(mask.data_ptr(), self.num_words * 4)
+                self.blocked = blocked_rows(mask, [self])[0]
                 self.mask_at = n
                 self.inline_masks += 1
-            allowed = allowed_from_bitmask(self.mask, row.shape[-1])
-            if self.matcher.is_error():
-                allowed = torch.zeros_like(allowed)
-            if self.matcher.is_accepting() or self.matcher.is_error():
-                allowed[[t for t in self.eos if t < allowed.numel()]] = True
-            row.masked_fill_(~allowed, float("-inf"))
+            blocked = self.blocked
+        k = min(blocked.numel(), row.shape[-1])
+        # NOTE: the mask is built on the CPU (where llguidance writes it) and moved once per row.
+        row[:k].masked_fill_(blocked[:k].to(row.device, non_blocking=True), float("-inf"))
+        if row.shape[-1] > k:  # padded vocabulary rows the tokenizer does not know
+            row[k:] = float("-inf")
+
+
+def blocked_rows(masks: torch.Tensor, procs: Sequence[GrammarProcessor]) -> torch.Tensor:
+    """[n, W] bitmasks -> [n, W*32] bool, True where a token is forbidden; a request whose grammar
+    may end keeps its end-of-sequence tokens, one in error keeps only those (it stops)."""
+    allowed = _UNPACK[masks.view(torch.uint8).long()].reshape(masks.shape[0], -1)
+    for i, p in enumerate(procs):
+        m = p.matcher
+        err = m.is_error()
+        if err:
+            allowed[i] = False
+        if err or m.is_accepting():
+            allowed[i, [t for t in p.eos if t < allowed.shape[1]]] = True
+    return ~allowed
 
 
 class MaskPrefetcher:
@@ -132,8 +139,9 @@ class MaskPrefetcher:
             masks = torch.full((len(batch), self.num_words), -1, dtype=torch.int32)
             self.executor.unsafe_compute_mask_ptr([(p.matcher, i) for i, p in enumerate(batch)],
                                                   masks.data_ptr(), self.num_words * 4, len(batch))
+            blocked = blocked_rows(masks, batch)
             for i, p in enumerate(batch):
-                p.mask, p.mask_at = masks[i], p.consumed
+                p.blocked, p.mask_at = blocked[i], p.consumed
         except Exception:  # the processor recomputes inline; never let the worker die silently
             log.exception("mask prefetch failed")
         finally:
