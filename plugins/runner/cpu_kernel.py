@@ -4,12 +4,13 @@ Why: the portable path gathers every request's context out of the block pool int
 before attention (read + write + read again of every cached byte, per layer, per step). At W1's
 decode shapes that copy costs more than the attention itself; this kernel reads each K/V row once,
 straight from its slot. It is plain C (no torch headers: builds in about a second), parallel over
-(token, kv head) with OpenMP, fp32 or bf16 K/V, fp32 math. Without a C compiler the runner keeps
+tokens with OpenMP, fp32 or bf16 K/V, fp32 math. Without a C compiler the runner keeps
 the portable path.
 
-    for each (token t, kv head h):           keys 0..pos[t] of t's request, by slot
-        scores[g][j] = q[t, h*G+g] · K[slot(j), h] * scale        G = Hq / Hkv query heads share K/V
-        out[t, h*G+g] = softmax(scores[g]) @ V[slot(.), h]
+    for each token t (in parallel):           keys 0..pos[t] of t's request, by slot
+        for each context slot j: K[slot(j)] is one run of Hkv*D values (every head): read once
+            scores[hh][j] = q[t, hh] · K[slot(j), hh // G] * scale      G = Hq / Hkv share a K/V head
+        out[t, hh] = softmax(scores[hh]) @ V[slot(.), hh // G]
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ SOURCE = r"""
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#define PF_AHEAD 4
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -59,66 +61,83 @@ static inline __m512 load16(const void *base, int64_t off, int bf16) {
 }
 #endif
 
-/* scores[gi*len + j] = q_gi . K[j] * scale, then softmax over j, then out_gi = sum_j p_j V[j]. */
-static void attend(const float *qh, float *oh, const void *kc, const void *vc, int bf16, const int64_t *sl,
-                   int64_t len, int64_t g, int64_t hkv, int64_t h, int64_t d, float scale, float *scores, float *row) {
+/* One query token over its whole context, all heads at once: for each context slot the K (then V)
+ * rows of every head are one contiguous run of hkv*d values, so the reads stream through memory.
+ * scores[hh*len + j] = q_hh . K[j, hh / g] * scale; softmax over j; out_hh = sum_j p_j V[j, hh / g]. */
+static void attend(const float *qt, float *ot, const void *kc, const void *vc, int bf16, const int64_t *sl,
+                   int64_t len, int64_t hq, int64_t hkv, int64_t d, float scale, float *scores, float *row) {
+    const int64_t g = hq / hkv, rowlen = hkv * d;
 #if defined(__AVX512F__)
-    if (d % 16 == 0 && d <= 256) {
-        const int64_t nv = d / 16;
-        for (int64_t j = 0; j < len; j++) {
-            const int64_t off = (sl[j] * hkv + h) * d;
-            __m512 k[16];
-            for (int64_t v = 0; v < nv; v++) k[v] = load16(kc, off + 16 * v, bf16);
-            for (int64_t gi = 0; gi < g; gi++) {
-                const float *qq = qh + gi * d;
-                __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qq), k[0]);
-                for (int64_t v = 1; v < nv; v++) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qq + 16 * v), k[v], acc);
-                scores[gi * len + j] = _mm512_reduce_add_ps(acc) * scale;
-            }
-        }
-    } else
+    const int vec = d % 16 == 0 && d <= 256;
+#else
+    const int vec = 0;
 #endif
     for (int64_t j = 0; j < len; j++) {
-        load_row(row, kc, sl[j] * hkv + h, d, bf16);
-        for (int64_t gi = 0; gi < g; gi++) {
-            const float *qq = qh + gi * d;
-            float s = 0.f;
-            for (int64_t i = 0; i < d; i++) s += qq[i] * row[i];
-            scores[gi * len + j] = s * scale;
+        const int64_t base = sl[j] * rowlen;
+        if (j + PF_AHEAD < len) {  /* the next rows sit in another block, somewhere else: ask early */
+            const char *nk = (const char *)kc + sl[j + PF_AHEAD] * rowlen * (bf16 ? 2 : 4);
+            for (int64_t b = 0; b < rowlen * (bf16 ? 2 : 4); b += 64) __builtin_prefetch(nk + b);
+        }
+        for (int64_t h = 0; h < hkv; h++) {
+#if defined(__AVX512F__)
+            if (vec) {
+                const int64_t nv = d / 16;
+                __m512 k[16];
+                for (int64_t v = 0; v < nv; v++) k[v] = load16(kc, base + h * d + 16 * v, bf16);
+                for (int64_t gi = 0; gi < g; gi++) {
+                    const float *qq = qt + (h * g + gi) * d;
+                    __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qq), k[0]);
+                    for (int64_t v = 1; v < nv; v++) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qq + 16 * v), k[v], acc);
+                    scores[(h * g + gi) * len + j] = _mm512_reduce_add_ps(acc) * scale;
+                }
+                continue;
+            }
+#endif
+            load_row(row, kc, sl[j] * hkv + h, d, bf16);
+            for (int64_t gi = 0; gi < g; gi++) {
+                const float *qq = qt + (h * g + gi) * d;
+                float s = 0.f;
+                for (int64_t i = 0; i < d; i++) s += qq[i] * row[i];
+                scores[(h * g + gi) * len + j] = s * scale;
+            }
         }
     }
-    for (int64_t gi = 0; gi < g; gi++) {
-        float *sc = scores + gi * len;
+    for (int64_t hh = 0; hh < hq; hh++) {
+        float *sc = scores + hh * len;
         float m = -INFINITY, sum = 0.f;
         for (int64_t j = 0; j < len; j++) m = sc[j] > m ? sc[j] : m;
         for (int64_t j = 0; j < len; j++) { sc[j] = expf(sc[j] - m); sum += sc[j]; }
         const float inv = 1.f / sum;
         for (int64_t j = 0; j < len; j++) sc[j] *= inv;
     }
-#if defined(__AVX512F__)
-    if (d % 16 == 0 && d <= 256) {
-        const int64_t nv = d / 16;
-        for (int64_t gi = 0; gi < g; gi++) {
-            __m512 acc[16];
-            for (int64_t v = 0; v < nv; v++) acc[v] = _mm512_setzero_ps();
-            const float *sc = scores + gi * len;
-            for (int64_t j = 0; j < len; j++) {
-                const int64_t off = (sl[j] * hkv + h) * d;
-                const __m512 p = _mm512_set1_ps(sc[j]);
-                for (int64_t v = 0; v < nv; v++) acc[v] = _mm512_fmadd_ps(p, load16(vc, off + 16 * v, bf16), acc[v]);
-            }
-            for (int64_t v = 0; v < nv; v++) _mm512_storeu_ps(oh + gi * d + 16 * v, acc[v]);
-        }
-        return;
-    }
-#endif
-    memset(oh, 0, sizeof(float) * (size_t)(g * d));
+    memset(ot, 0, sizeof(float) * (size_t)(hq * d));
     for (int64_t j = 0; j < len; j++) {
-        load_row(row, vc, sl[j] * hkv + h, d, bf16);
-        for (int64_t gi = 0; gi < g; gi++) {
-            const float p = scores[gi * len + j];
-            float *o = oh + gi * d;
-            for (int64_t i = 0; i < d; i++) o[i] += p * row[i];
+        const int64_t base = sl[j] * rowlen;
+        if (j + PF_AHEAD < len) {
+            const char *nv = (const char *)vc + sl[j + PF_AHEAD] * rowlen * (bf16 ? 2 : 4);
+            for (int64_t b = 0; b < rowlen * (bf16 ? 2 : 4); b += 64) __builtin_prefetch(nv + b);
+        }
+        for (int64_t h = 0; h < hkv; h++) {
+#if defined(__AVX512F__)
+            if (vec) {
+                const int64_t nv = d / 16;
+                __m512 v16[16];
+                for (int64_t v = 0; v < nv; v++) v16[v] = load16(vc, base + h * d + 16 * v, bf16);
+                for (int64_t gi = 0; gi < g; gi++) {
+                    const __m512 p = _mm512_set1_ps(scores[(h * g + gi) * len + j]);
+                    float *o = ot + (h * g + gi) * d;
+                    for (int64_t v = 0; v < nv; v++)
+                        _mm512_storeu_ps(o + 16 * v, _mm512_fmadd_ps(p, v16[v], _mm512_loadu_ps(o + 16 * v)));
+                }
+                continue;
+            }
+#endif
+            load_row(row, vc, sl[j] * hkv + h, d, bf16);
+            for (int64_t gi = 0; gi < g; gi++) {
+                const float p = scores[(h * g + gi) * len + j];
+                float *o = ot + (h * g + gi) * d;
+                for (int64_t i = 0; i < d; i++) o[i] += p * row[i];
+            }
         }
     }
 }
@@ -126,17 +145,14 @@ static void attend(const float *qh, float *oh, const void *kc, const void *vc, i
 void paged_attention(const float *q, float *out, const void *kc, const void *vc, int bf16,
                      const int64_t *tok_seq, const int64_t *tok_pos, const int64_t *slots, int64_t max_ctx,
                      int64_t n, int64_t hq, int64_t hkv, int64_t d, float scale, int nthreads) {
-    const int64_t g = hq / hkv;
     #pragma omp parallel num_threads(nthreads)
     {
-        /* per-thread scratch: scores of the longest context plus one row */
-        float *scores = (float *)malloc(sizeof(float) * (size_t)(g * max_ctx + d));
-        #pragma omp for schedule(dynamic, 4)
-        for (int64_t w = 0; w < n * hkv; w++) {
-            const int64_t t = w / hkv, h = w % hkv;
-            attend(q + (t * hq + h * g) * d, out + (t * hq + h * g) * d, kc, vc, bf16,
-                   slots + tok_seq[t] * max_ctx, tok_pos[t] + 1, g, hkv, h, d, scale, scores, scores + g * max_ctx);
-        }
+        /* per-thread scratch: every head's scores over the longest context, plus one row */
+        float *scores = (float *)malloc(sizeof(float) * (size_t)(hq * max_ctx + d));
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < n; t++)
+            attend(q + t * hq * d, out + t * hq * d, kc, vc, bf16, slots + tok_seq[t] * max_ctx, tok_pos[t] + 1,
+                   hq, hkv, d, scale, scores, scores + hq * max_ctx);
         free(scores);
     }
 }

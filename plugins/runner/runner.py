@@ -11,6 +11,7 @@ from modelcall.core import ConfigError, KernelConfig, SchedulePlan, StepOutput
 from modelcall.core.stages import Sampler
 from modelcall.plugins.runner import attention
 from modelcall.plugins.runner.batch import StepBatch, build_step
+from modelcall.plugins.runner.packing import pack_linears
 from modelcall.plugins.runner.loader import (
     build_spec, check_model_dir, resolve_placement, unsupported_features,
 )
@@ -43,6 +44,8 @@ class TorchModelRunner:
         if not getattr(model, "_supports_attention_backend", False):
             raise ConfigError(f"{type(model).__name__} does not route attention through transformers' "
                               "AttentionInterface; the torch runner cannot page its KV cache")
+        if p.device.type == "cpu" and p.dtype == torch.bfloat16:
+            pack_linears(model, batch_hint=min(config.max_num_seqs, 64))
         self.model = model
         self.base = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
         self.lm_head = model.get_output_embeddings()
@@ -96,7 +99,8 @@ class TorchModelRunner:
         return StepOutput(token_ids=token_ids, logprobs=lps, forward_s=time.perf_counter() - t0)
 
     def compute_logits(self, plan: SchedulePlan) -> torch.Tensor:
-        """Forward `plan` (writing its K/V) and return fp32 logits of the sampled chunks, plan order."""
+        """Forward `plan` (writing its K/V) and return the logits of the sampled chunks, plan order, in the
+        model's dtype (the sampler upcasts when it does more than take the maximum)."""
         if not self.kv:
             raise RuntimeError("allocate_kv_cache() must be called before execute()")
         with torch.inference_mode():
@@ -107,8 +111,8 @@ class TorchModelRunner:
                 hidden = hidden.index_select(0, step.sample_rows)
             logits = self.lm_head(hidden)
             if self.softcap:
-                logits = torch.tanh(logits / self.softcap) * self.softcap
-            return logits.float()
+                logits = torch.tanh(logits.float() / self.softcap) * self.softcap
+            return logits
 
     def _forward(self, step: StepBatch) -> torch.Tensor:
         out = self.base(input_ids=step.input_ids, position_ids=step.positions, use_cache=False,
