@@ -46,23 +46,20 @@ echo "== all examples in one venv"
 new_venv "$scratch/venv-all"
 for name in "${names[@]}"; do install "$scratch/venv-all" "$root/plugin_examples/$name"; done
 (cd "$scratch" && "$scratch/venv-all/bin/python" - "${names[@]}" <<'PY'
-import sys, tomllib, pathlib
+import sys
 from importlib import metadata
 from modelcall.core import KernelConfig, PluginHost
 from modelcall.plugins.devtools.listing import describe
 listing = describe(PluginHost(), KernelConfig())
 rows = {p["name"]: p for p in listing["plugins"]}
-root = pathlib.Path(metadata.distribution("modelcall").locate_file("")).resolve()
-missing = []
-for ep in metadata.entry_points(group="modelcall"):
-    if ep.dist.name != "modelcall" and (ep.name not in rows or rows[ep.name]["version"] != ep.dist.version):
-        missing.append(ep.name)
-names = {ep.name for ep in metadata.entry_points(group="modelcall") if ep.dist.name != "modelcall"}
-print(f"listed {len(names)} example plugins:", ", ".join(sorted(names)))
+examples = [ep for ep in metadata.entry_points(group="modelcall") if ep.dist.name != "modelcall"]
+wrong = [ep.name for ep in examples if ep.name not in rows or rows[ep.name]["version"] != ep.dist.version]
+print(f"listed {len(examples)} example plugins:", ", ".join(sorted(ep.name for ep in examples)))
 for stage, s in listing["stages"].items():
-    print(f"  {stage:<10} {s['provider']}")
-if missing or len(names) < len(sys.argv) - 1:
-    print("not listed or wrong version:", missing); sys.exit(1)
+    print(f"  {stage:<18} {s['provider']}")
+if wrong or len(examples) < len(sys.argv) - 1:
+    print("not listed, or listed with the wrong version:", wrong)
+    sys.exit(1)
 PY
 ) || failed+=("listing")
 
