@@ -72,6 +72,11 @@ class Engine:
         self._wake.set()
 
     @property
+    def num_pending(self) -> int:
+        """Admitted requests not yet handed to the scheduler (they arrived while a step ran)."""
+        return len(self._inbox)
+
+    @property
     def num_unfinished(self) -> int:
         return len(self.records) + len(self._inbox)
 

@@ -261,8 +261,13 @@ class Kernel:
                                "dropped_tokens": chat.dropped_tokens}
             else:
                 max_tokens = self._budget(len(ids), params)
-            if self.scheduler.num_waiting >= self.config.max_queued:
-                raise Overloaded(f"{self.scheduler.num_waiting} requests are waiting (limit {self.config.max_queued})")
+            # NOTE: requests admitted while a step runs wait in the engine's inbox, not yet in the
+            # scheduler: those beyond the free running slots will wait, and a burst would overshoot
+            # max_queued if they were not counted.
+            free_slots = max(0, self.config.max_num_seqs - self.scheduler.num_running)
+            waiting = self.scheduler.num_waiting + max(0, self.engine.num_pending - free_slots)
+            if waiting >= self.config.max_queued:
+                raise Overloaded(f"{waiting} requests are waiting (limit {self.config.max_queued})")
             if caller is not None and not priority:
                 priority = caller.priority
             if self._reservers:

@@ -91,10 +91,11 @@ class RunningMeter:
     modelcall_plugin_name = "test-running-meter"
 
     def __init__(self) -> None:
-        self.max_running = 0
+        self.max_running = self.max_waiting = 0
 
     def on_step(self, ev: StepDone) -> None:
         self.max_running = max(self.max_running, ev.num_running)
+        self.max_waiting = max(self.max_waiting, ev.num_waiting)
 
     @hookimpl
     def register_observers(self, register):
@@ -116,10 +117,11 @@ async def burst(url: str, n: int) -> list[tuple[int, str | None]]:
 def test_a_burst_gets_only_200s_and_429s_with_retry_after_and_never_more_than_max_running():
     meter = RunningMeter()
     with ServerThread(ServerSettings(port=0), plugins=(meter,), max_num_seqs=8, max_queued=4) as server:
-        results = asyncio.run(burst(server.base_url, 100))
+        results = [r for _ in range(2) for r in asyncio.run(burst(server.base_url, 100))]
         statuses = [s for s, _ in results]
         assert set(statuses) == {200, 429}, statuses
         assert all(int(ra) >= 1 for s, ra in results if s == 429)
         assert meter.max_running == 8  # the limit was reached, never passed
+        assert meter.max_waiting <= 4 and statuses.count(200) >= 12
         waited, stats = wait_idle(server, 1.0)
         assert waited < 1.0, stats
