@@ -181,6 +181,8 @@ class _Blocks:
 async def _stream(request: web.Request, ctx: ServingContext, g: Generation, mid: str, model: str) -> web.StreamResponse:
     out = sse.SSEWriter(request)
     await out.prepare({"X-Request-Id": mid})
+    # NOTE: message_start goes out at once (time to first byte); the prompt's cache split is known
+    # only once the request is scheduled, so message_delta carries the final input/cache figures.
     prompt_tokens = len(g.handle.prompt_token_ids)
     start = {"type": "message_start", "message": {
         "id": mid, "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": None,
