@@ -113,8 +113,11 @@ def register_commands(register: Any) -> None:
 
 
 @hookspec
-def register_routes(register: Any, config: Any) -> None:
-    """Call `register(method, path, handler)` for each extra HTTP route of `modelcall serve`."""
+def register_routes(register: Any, config: Any, kernel: Any) -> None:
+    """Call `register(method, path, handler)` for each extra HTTP route of `modelcall serve`.
+
+    `kernel` is the started Kernel the server serves (a handler reads its state from it).
+    `kernel` was added after `config`: implementations that do not name it keep working."""
 
 
 @hookspec

@@ -10,10 +10,6 @@ from typing import Any
 from modelcall.core import KernelConfig, PluginHost, hookimpl
 from modelcall.plugins.devtools.listing import describe, render_text
 
-# NOTE: register_routes gets the kernel's config, not the kernel: the running kernels are found by
-# the identity of their config object (each kernel owns one), recorded at startup.
-_KERNELS: dict[int, Any] = {}
-
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON (the same as GET /-/plugins)")
@@ -35,24 +31,11 @@ def register_commands(register: Any) -> None:
 
 
 @hookimpl
-def startup(kernel: Any) -> None:
-    _KERNELS[id(kernel.config)] = kernel
-
-
-@hookimpl
-def shutdown(kernel: Any) -> None:
-    _KERNELS.pop(id(kernel.config), None)
-
-
-@hookimpl
-def register_routes(register: Any, config: Any) -> None:
+def register_routes(register: Any, kernel: Any) -> None:
     from aiohttp import web  # only where served
 
     async def plugins(_request: web.Request) -> web.Response:
         """Installed plugins, their versions and hooks, and the plugin that provides each stage."""
-        kernel = _KERNELS.get(id(config))
-        if kernel is None or kernel.host is None:
-            raise web.HTTPServiceUnavailable(text="the kernel is not running")
         return web.json_response(describe(kernel.host, kernel.config, running=True))
 
     register("GET", "/-/plugins", plugins)

@@ -11,18 +11,17 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any
 
-from modelcall.core import PluginHost
+from modelcall.core import PluginHost, hookspecs
 
 
 
 def stage_hooks() -> dict[str, str]:
     """Stage name (as `KernelConfig` and `PluginHost.provide` spell it) -> provider hook, for every
     `firstresult` hook in the specs, so a provider hook added later is listed too."""
-    from modelcall.plugins.devtools.hookdocs import hook_specs
-
     names = {"provide_model_runner": "runner"}
-    return {names.get(name, name.removeprefix("provide_")): name
-            for _kind, name, _sig, _doc, firstresult in hook_specs() if firstresult}
+    marker = f"{hookspecs.PROJECT}_spec"
+    return {names.get(name, name.removeprefix("provide_")): name for name, fn in vars(hookspecs).items()
+            if (getattr(fn, marker, None) or {}).get("firstresult")}
 
 
 STAGE_HOOKS = stage_hooks()
