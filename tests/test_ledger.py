@@ -155,6 +155,12 @@ def test_the_recorder_batches_rows_and_updates_response_sent(tmp_path):
     assert conn.execute("SELECT COUNT(*), SUM(completion_tokens), COUNT(response_sent) FROM requests WHERE status = 200"
                         ).fetchone() == (200, 400, 200)
     assert conn.execute("SELECT status, finish_reason FROM requests WHERE request_id = 'x'").fetchone() == (429, "rejected")
+    conn.row_factory = sqlite3.Row
+    [day] = summarize(conn, "day")
+    assert (day["requests"], day["served"], day["refused"], day["completion_tokens"]) == (201, 200, 1, 400)
+    assert day["finish_reasons"] == {"rejected": 1, "stop": 200}
+    with pytest.raises(ValueError, match="--by"):
+        summarize(conn, "week")
     assert obs.dropped == 0 and obs.errors == 0
 
 
