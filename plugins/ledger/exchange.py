@@ -58,18 +58,25 @@ def exchange_middleware(kernel_of: Callable[[], Any]) -> Callable[..., Any]:
             handles = list(ex.handles)
         if not handles:
             return response
-        if not response.prepared:
+        if not response.prepared:  # headers not sent yet: say what a context policy dropped
             dropped = [h.context for h in handles if h.context]
             if dropped:
                 d = dropped[0]
                 response.headers[DROPPED_HEADER] = (f"policy={d['policy']}; messages={d['dropped_messages']}; "
                                                     f"tokens={d['dropped_tokens']}")
-            await response.prepare(request)
-        await response.write_eof()
-        kernel = kernel_of()
-        if kernel is not None:
-            kernel.bus.publish([ResponseSent(request_id=h.request_id, task_id=h.task_id, status=response.status)
-                                for h in handles])
+        status = response.status
+        try:
+            if not response.prepared:
+                await response.prepare(request)
+            await response.write_eof()
+        except ConnectionError:  # the client left before the last byte: recorded as such (nginx's 499)
+            status = 499
+            raise
+        finally:
+            kernel = kernel_of()
+            if kernel is not None:
+                kernel.bus.publish([ResponseSent(request_id=h.request_id, task_id=h.task_id, status=status)
+                                    for h in handles])
         return response
 
     return records
