@@ -297,7 +297,8 @@ class Kernel:
             RequestAdmitted(request_id=rid, task_id=task_id, ts=record.admitted, model=self.model_name,
                             prompt_tokens=len(ids), max_tokens=max_tokens, priority=priority,
                             caller=caller.name if caller is not None else None, prompt_parts=parts,
-                            dropped_messages=context["dropped_messages"] if context else 0, retries=retries),
+                            dropped_messages=context["dropped_messages"] if context else 0, retries=retries,
+                            tool_results=_answered_calls(messages)),
             RequestQueued(request_id=rid, task_id=task_id, ts=record.admitted, num_waiting=self.scheduler.num_waiting + 1),
         ))
         self.engine.add(record)
@@ -386,3 +387,11 @@ class Kernel:
             "kv": self.kv.stats() if eng else {},
             "observer_errors": dict(self.bus.observer_errors),
         }
+
+
+def _answered_calls(messages: list[dict] | None) -> tuple[str, ...]:
+    """Ids of the tool calls whose results the messages carry (how a front end learns a call's outcome)."""
+    if not messages:
+        return ()
+    return tuple(m["tool_call_id"] for m in messages
+                 if m.get("role") == "tool" and isinstance(m.get("tool_call_id"), str))

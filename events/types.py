@@ -100,6 +100,7 @@ class RequestAdmitted(Event):
     prompt_parts: dict[str, int] | None = None  # prompt tokens by part (see modelcall.core.context)
     dropped_messages: int = 0                   # history messages a context policy dropped to fit
     retries: int = 0                            # earlier attempts of this request, as the caller told
+    tool_results: tuple[str, ...] = ()          # ids of earlier tool calls whose results this prompt carries
 
 
 class RequestQueued(Event):

@@ -106,3 +106,44 @@ async def test_report_of_a_two_request_tool_task_answers_four_questions_that_add
     missing = subprocess.run([MODELCALL, "report", "nope", "--ledger", str(db)], capture_output=True, text=True,
                              timeout=60)
     assert missing.returncode == 2 and "no requests of task 'nope'" in missing.stderr
+
+
+def test_report_of_a_tool_task_over_http_records_the_returned_tool_result(tmp_path):
+    import httpx2 as httpx
+    from http_server import ServerThread
+
+    from modelcall.plugins.ledger.plugin import ledger_of
+
+    sampler = ScriptedSampler()
+    db = tmp_path / "ledger.sqlite3"
+    with ServerThread(plugins=(sampler,), plugin_config={"ledger": {"path": str(db)}}, max_model_len=512) as server:
+        encode = server.kernel.tokenizer.encode
+        base, h = server.base_url, {"x-modelcall-task-id": "http-trip"}
+        model = httpx.get(base + "/v1/models").json()["data"][0]["id"]
+        server.call(lambda: sampler.say(encode(CALL)))
+        b1 = httpx.post(base + "/v1/chat/completions", headers=h, json={
+            "model": model, "messages": [SYSTEM, USER], "tools": TOOLS, "max_tokens": 64}).json()
+        assert b1["choices"][0]["finish_reason"] == "tool_calls"
+        [call] = b1["choices"][0]["message"]["tool_calls"]
+        server.call(lambda: sampler.say(encode("Sunny, 18 degrees.")))
+        msgs = [SYSTEM, USER, b1["choices"][0]["message"],
+                {"role": "tool", "tool_call_id": call["id"], "content": "Sunny, 18 degrees Celsius."}]
+        b2 = httpx.post(base + "/v1/chat/completions", headers=h, json={
+            "model": model, "messages": msgs, "tools": TOOLS, "max_tokens": 32}).json()
+        assert b2["choices"][0]["finish_reason"] == "stop"
+        time.sleep(0.2)
+        ledger_of(server.kernel.config)[0].flush()
+    out = subprocess.run([MODELCALL, "report", "http-trip", "--ledger", str(db), "--json"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    c = rep["completed"]
+    assert c["completed"] and [r["finish_reason"] for r in c["requests"]] == ["tool_calls", "stop"]
+    [tc] = c["requests"][0]["tool_calls"]
+    assert (tc["call_id"], tc["name"], tc["outcome"]) == (call["id"], "get_weather", "returned")
+    usage = [b1["usage"], b2["usage"]]
+    assert rep["cost"]["input_tokens"] == sum(u["prompt_tokens"] for u in usage)
+    assert rep["cost"]["output_tokens"] == sum(u["completion_tokens"] for u in usage)
+    t = rep["time"]
+    assert sum(t["by_stage"].values()) == pytest.approx(t["wall"], abs=1e-6)
+    assert all(r["streaming"] >= 0 for r in t["requests"])  # response sent after the last token

@@ -72,6 +72,11 @@ class Recorder:
                 "prompt_parts": json.dumps(ev.prompt_parts) if ev.prompt_parts else None,
                 "preemptions": 0, "tool_calls": 0,
             }
+            if ev.tool_results:  # the client ran these calls and sent their results back
+                marks = ", ".join("?" * len(ev.tool_results))
+                updates.append((f"UPDATE tool_calls SET outcome = 'returned', done = COALESCE(done, ?) "
+                                f"WHERE outcome = 'requested' AND call_id IN ({marks})",
+                                (self.wall(ev.ts), *ev.tool_results)))
             return
         row = self.open.get(rid)
         if kind is RequestScheduled:

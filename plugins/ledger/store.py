@@ -46,7 +46,7 @@ CREATE TABLE IF NOT EXISTS tool_calls (
     call_id     TEXT NOT NULL,
     task_id     TEXT,
     name        TEXT,
-    outcome     TEXT NOT NULL,      -- requested, ok, failed
+    outcome     TEXT NOT NULL,      -- requested; ok / failed (an app-side runtime said); returned (a later prompt carried its result)
     error       TEXT,
     duration_s  REAL,
     requested   REAL,
