@@ -70,9 +70,13 @@ class ToolParser(Protocol):
       concatenate to a JSON object text, `"{}"` for a call without parameters;
     - a call appears in `completed` (and so becomes a `ToolRequested` event) only once its
       arguments are complete and valid JSON.
+
+    `call_format` describes the format for constrained decoding (None: it cannot be forced,
+    e.g. pythonic calls), so `tool_choice` "required" writes calls this parser reads.
     """
 
     name: str
+    call_format: ToolCallFormat | None
 
     def feed(self, text: str) -> ParserDelta:
         """Take the next piece of output text; return what it decided."""

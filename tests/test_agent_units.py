@@ -124,13 +124,15 @@ async def test_model_requests_retry_429_and_503_with_backoff_and_record_it():
 
 async def test_the_agent_runs_on_an_in_process_kernel(demo_model_dir):
     from modelcall.core import Kernel
-    from modelcall.events import ToolRequested
+    from modelcall.events import ToolExecuted, ToolRequested
+    from modelcall.testing.collector import EventCollector
 
     @tool
     def lookup(key: Annotated[str, msgspec.Meta(max_length=8)]) -> str:
         """Look a key up."""
         return "value"
-    async with Kernel(model=demo_model_dir, dtype="float32", num_kv_blocks=512) as kernel:
+    events = EventCollector()
+    async with Kernel(model=demo_model_dir, dtype="float32", num_kv_blocks=512, plugins=[events]) as kernel:
         while not kernel.ready:
             await asyncio.sleep(0.01)
         choice = {"type": "function", "function": {"name": "lookup"}}
@@ -139,6 +141,10 @@ async def test_the_agent_runs_on_an_in_process_kernel(demo_model_dir):
         r = await agent.run("look up k", task_id="t-kernel")
     assert r.status == "answered" and [t.status for t in r.tool_calls] == ["ok"]
     assert r.requests[0].finish_reason == "tool_calls" and r.requests[0].timings["e2e_s"] > 0
+    (requested,) = [e for e in events.of(ToolRequested) if e.task_id == "t-kernel"]
+    (executed,) = [e for e in events.of(ToolExecuted) if e.task_id == "t-kernel"]
+    assert requested.name == executed.name == "lookup" and executed.request_id == requested.request_id
+    assert executed.call_id == requested.call_id
 
 
 def test_the_agent_command_against_a_live_server(tmp_path):

@@ -136,6 +136,10 @@ class KernelChatClient:
     async def close(self) -> None:
         pass
 
+    def publish(self, event: Any) -> None:
+        """The runtime's ToolExecuted/ToolFailed go on the kernel's bus, beside its ToolRequested."""
+        self.kernel.bus.publish((event,))
+
     async def chat(self, messages: list[dict], *, tools: list[dict], tool_choice: Any, task_id: str,
                    params: dict[str, Any]) -> ModelReply:
         from modelcall.core import ModelcallError

@@ -44,6 +44,7 @@ class ToolOutcome(msgspec.Struct, kw_only=True):
     duration_s: float
     idempotency_key: str | None = None
     turn: int = 0
+    model_call_id: str | None = None  # the id the model (server) gave the call; events carry this one
 
 
 class TaskResult(msgspec.Struct, kw_only=True):

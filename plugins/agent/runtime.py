@@ -40,7 +40,7 @@ class Agent:
         self.caller = caller
         self.tool_choice = tool_choice
         self.params = params or {}
-        self.on_event = on_event
+        self.on_event = on_event or getattr(client, "publish", None)
 
     def offered(self, caller: str) -> list[Tool]:
         """The tools this caller may use: the only ones the model is told about."""
@@ -77,7 +77,9 @@ class Agent:
                 if not reply.tool_calls:
                     status, answer = "answered", reply.content
                     break
-                calls = [dict(c, id=f"call_{turn}_{i}") for i, c in enumerate(reply.tool_calls)]
+                # NOTE: the runtime names calls by turn and position, so a retried model request
+                # gives a call the same id (and idempotency key); the model's id is kept for events.
+                calls = [dict(c, model_id=c["id"], id=f"call_{turn}_{i}") for i, c in enumerate(reply.tool_calls)]
                 messages.append({"role": "assistant", "content": reply.content or "", "tool_calls": [
                     {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
                     for c in calls]})
@@ -122,7 +124,7 @@ class Agent:
 
         def outcome(status: str, result: str, duration: float = 0.0, key: str | None = None) -> ToolOutcome:
             out = ToolOutcome(call_id=call["id"], name=name, arguments=raw, status=status, result=result,
-                              duration_s=duration, idempotency_key=key, turn=turn)
+                              duration_s=duration, idempotency_key=key, turn=turn, model_call_id=call.get("model_id"))
             self._publish(out, request_id or task_id, task_id)
             return out
 
@@ -181,11 +183,12 @@ class Agent:
     def _publish(self, out: ToolOutcome, request_id: str, task_id: str) -> None:
         if self.on_event is None:
             return
+        call_id = out.model_call_id or out.call_id
         if out.status == "ok":
-            ev: Any = ToolExecuted(request_id=request_id, task_id=task_id, call_id=out.call_id, name=out.name,
+            ev: Any = ToolExecuted(request_id=request_id, task_id=task_id, call_id=call_id, name=out.name,
                                    duration_s=out.duration_s, result_preview=out.result[:200])
         else:
-            ev = ToolFailed(request_id=request_id, task_id=task_id, call_id=out.call_id, name=out.name,
+            ev = ToolFailed(request_id=request_id, task_id=task_id, call_id=call_id, name=out.name,
                             error=out.result, duration_s=out.duration_s)
         try:
             self.on_event(ev)

@@ -1,9 +1,12 @@
 """Provides the llguidance constraint backend (response_format json_object/json_schema, forced tool_choice)."""
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from modelcall.core.hookspecs import hookimpl
+
+log = logging.getLogger("modelcall.structured")
 
 
 @hookimpl(trylast=True)
@@ -11,9 +14,14 @@ def provide_constraint_backend(config: Any, tokenizer: Any, model_dir: str) -> A
     opts = config.plugin_config.get("structured") or {}
     if opts.get("enabled", True) is False:
         return None
-    from modelcall.plugins.structured.backend import LLGuidanceBackend
+    try:
+        from modelcall.plugins.structured.backend import LLGuidanceBackend
 
-    return LLGuidanceBackend(tokenizer, model_dir, threads=int(opts.get("threads", 2)))
+        return LLGuidanceBackend(tokenizer, model_dir, threads=int(opts.get("threads", 2)))
+    except Exception as e:  # noqa: BLE001 - serve without constraints rather than not at all
+        log.warning("constrained decoding is unavailable for this model (%s: %s); requests that need it are "
+                    "refused", type(e).__name__, e)
+        return None
 
 
 @hookimpl
