@@ -1,6 +1,7 @@
 """The front-end side of the records: task ids and context policy in, response-sent time out.
 
-An aiohttp middleware for `modelcall serve` (through `register_middlewares`):
+A plugin of its own (entry point `exchange`, so blocking the ledger keeps it) adding an aiohttp
+middleware to `modelcall serve` through `register_middlewares`:
 
 * reads `x-modelcall-task-id`, `x-modelcall-retries` and the request option `context_policy`
   (JSON body field or `x-modelcall-context-policy` header) into the exchange, so the kernel
@@ -19,6 +20,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from modelcall.core import hookimpl
 from modelcall.core.metering import exchange
 from modelcall.events import ResponseSent
 
@@ -80,3 +82,24 @@ def exchange_middleware(kernel_of: Callable[[], Any]) -> Callable[..., Any]:
         return response
 
     return records
+
+
+# NOTE: keyed by id(config): startup, shutdown and register_middlewares all see the kernel's own
+# config object, so the middleware publishes on its own kernel's bus.
+_KERNELS: dict[int, Any] = {}
+
+
+@hookimpl(trylast=True)
+def startup(kernel: Any) -> None:
+    _KERNELS[id(kernel.config)] = kernel
+
+
+@hookimpl(trylast=True)
+def shutdown(kernel: Any) -> None:
+    _KERNELS.pop(id(kernel.config), None)
+
+
+@hookimpl(trylast=True)
+def register_middlewares(register: Any, config: Any) -> None:
+    key = id(config)
+    register(exchange_middleware(lambda: _KERNELS.get(key)), order=-50)

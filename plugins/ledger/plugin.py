@@ -14,10 +14,9 @@ from typing import Any
 from modelcall.core import hookimpl
 from modelcall.events import OffloadedObserver
 
-# NOTE: keyed by id(config): register_observers, startup, shutdown and the HTTP hooks all see the
-# kernel's own config object, so each kernel in a process has its own ledger.
+# NOTE: keyed by id(config): register_observers and shutdown both see the kernel's own config
+# object, so each kernel in a process has its own ledger.
 _BY_CONFIG: dict[int, tuple[OffloadedObserver, Any]] = {}
-_KERNELS: dict[int, Any] = {}
 
 
 def settings(config: Any) -> dict[str, Any]:
@@ -44,21 +43,7 @@ def ledger_of(config: Any) -> tuple[OffloadedObserver, Any] | None:
 
 
 @hookimpl(trylast=True)
-def startup(kernel: Any) -> None:
-    _KERNELS[id(kernel.config)] = kernel
-
-
-@hookimpl(trylast=True)
-def register_middlewares(register: Any, config: Any) -> None:
-    from modelcall.plugins.ledger.exchange import exchange_middleware  # aiohttp only where served
-
-    key = id(config)
-    register(exchange_middleware(lambda: _KERNELS.get(key)), order=-50)
-
-
-@hookimpl(trylast=True)
 def shutdown(kernel: Any) -> None:
-    _KERNELS.pop(id(kernel.config), None)
     entry = _BY_CONFIG.pop(id(kernel.config), None)
     if entry is not None:
         observer, recorder = entry
