@@ -40,6 +40,7 @@ async def kernel_for_test(plugins: Iterable[Any] = (), *, installed: bool = Fals
     a test sees the same kernel whatever else is installed next to it. `config` overrides
     `TEST_CONFIG` and any other `KernelConfig` field.
     """
+    plugins = list(plugins)
     installed_names = set(installed_plugin_names())
     wanted = {_plugin_name(p) for p in plugins}
     # NOTE: a plugin given here that is also installed is loaded through its entry point (with
