@@ -193,3 +193,10 @@ def test_anthropic_system_blocks_equal_a_system_string(claude, model):
     assert blocks.content[0].text == plain.content[0].text
     assert blocks.usage.input_tokens + blocks.usage.cache_read_input_tokens == \
            plain.usage.input_tokens + plain.usage.cache_read_input_tokens
+
+
+def test_anthropic_thinking_option_reaches_the_chat_template(claude, model):
+    kw = dict(model=model, messages=[{"role": "user", "content": "hi"}])
+    plain = claude.messages.count_tokens(**kw).input_tokens
+    no_thinking = claude.messages.count_tokens(thinking={"type": "disabled"}, **kw).input_tokens
+    assert no_thinking > plain  # the demo template closes an empty <think></think> when thinking is off
