@@ -43,6 +43,9 @@ class Caller(msgspec.Struct, frozen=True, kw_only=True):
         return [n for n in names if n not in self.tools]
 
 
+CONTEXT_DROPPED_HEADER = "x-modelcall-context-dropped"
+
+
 class Exchange:
     """What a front end knows about one client exchange (e.g. one HTTP request) before the kernel
     sees it, and what the kernel admitted for it. Set with `exchange(...)`; `Kernel.submit`
@@ -57,6 +60,21 @@ class Exchange:
         self.context_policy = context_policy
         self.retries = retries
         self.handles: list[Any] = []
+
+    def response_headers(self) -> dict[str, str]:
+        """Headers a front end adds to its response: what a context policy dropped, if anything."""
+        for h in self.handles:
+            c = getattr(h, "context", None)
+            if c:
+                return {CONTEXT_DROPPED_HEADER: (f"policy={c['policy']}; messages={c['dropped_messages']}; "
+                                                 f"tokens={c['dropped_tokens']}")}
+        return {}
+
+
+def exchange_headers() -> dict[str, str]:
+    """`response_headers()` of the current exchange ({} outside one)."""
+    ex = _current.get()
+    return ex.response_headers() if ex is not None else {}
 
 
 _current: contextvars.ContextVar[Exchange | None] = contextvars.ContextVar("modelcall_exchange", default=None)

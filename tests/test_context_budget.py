@@ -80,6 +80,10 @@ def test_over_http_the_400_names_the_parts_and_the_policy_header_says_what_went(
         assert r.status_code == 200
         dropped = r.headers["x-modelcall-context-dropped"]
         assert "policy=drop_oldest" in dropped and "messages=" in dropped
+        with httpx.stream("POST", base + "/v1/chat/completions",
+                          json={**body, "context_policy": "drop_oldest", "stream": True}) as r:
+            assert r.status_code == 200 and "messages=" in r.headers["x-modelcall-context-dropped"]
+            assert any(line.startswith("data: ") for line in r.iter_lines())
         r = httpx.post(base + "/v1/messages", headers={"x-modelcall-context-policy": "drop_oldest"},
                        json={"model": model, "max_tokens": 16, "system": SYSTEM["content"], "messages": _history(6)[1:]})
         assert r.status_code == 200 and "messages=" in r.headers["x-modelcall-context-dropped"]

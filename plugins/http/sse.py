@@ -7,6 +7,8 @@ import time
 
 from aiohttp import web
 
+from modelcall.core.metering import exchange_headers
+
 DONE = b"data: [DONE]\n\n"
 STREAM: web.RequestKey[SSEWriter] = web.RequestKey("modelcall.sse", object)  # type: ignore[arg-type]
 
@@ -32,6 +34,7 @@ class SSEWriter:
 
     async def prepare(self, headers: dict[str, str] | None = None) -> None:
         self.response.headers.update(headers or {})
+        self.response.headers.update(exchange_headers())  # e.g. what a context policy dropped
         await self.response.prepare(self.request)
         self.request[STREAM] = self  # the error middleware can still end a failed stream properly
 

@@ -9,8 +9,8 @@ middleware to `modelcall serve` through `register_middlewares`:
 * after the handler, makes sure the response is fully written, then publishes `ResponseSent`
   for each admitted request (the ledger's `response_sent`, the report's streaming time);
 * when a context policy dropped history to fit the window, says so in the
-  `x-modelcall-context-dropped` header of a non-streamed response (streamed responses have
-  sent their headers by then; the ledger and the report still record it).
+  `x-modelcall-context-dropped` header of a non-streamed response (a streamed one adds
+  `modelcall.core.metering.exchange_headers()` when it sends its headers).
 """
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ from modelcall.events import ResponseSent
 TASK_HEADER = "x-modelcall-task-id"
 RETRIES_HEADER = "x-modelcall-retries"
 POLICY_HEADER = "x-modelcall-context-policy"
-DROPPED_HEADER = "x-modelcall-context-dropped"
 
 
 def _policy_from_body(raw: bytes) -> str | None:
@@ -61,11 +60,7 @@ def exchange_middleware(kernel_of: Callable[[], Any]) -> Callable[..., Any]:
         if not handles:
             return response
         if not response.prepared:  # headers not sent yet: say what a context policy dropped
-            dropped = [h.context for h in handles if h.context]
-            if dropped:
-                d = dropped[0]
-                response.headers[DROPPED_HEADER] = (f"policy={d['policy']}; messages={d['dropped_messages']}; "
-                                                    f"tokens={d['dropped_tokens']}")
+            response.headers.update(ex.response_headers())
         status = response.status
         try:
             if not response.prepared:
