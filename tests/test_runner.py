@@ -180,3 +180,13 @@ def test_cuda_logits_match_transformers(demo_model_dir, hf_model):
     runner = make_runner(demo_model_dir, device="cuda")
     assert runner.spec.device.startswith("cuda")
     assert drive_ragged_steps(runner, hf_model, 4) < 1e-3
+
+
+def test_cpu_attention_kernel_is_built_where_a_compiler_exists():
+    """The fast CPU path must not silently fall back to the portable one (a 4x slower decode)."""
+    import os
+
+    from modelcall.plugins.runner import cpu_kernel
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("no C compiler: the portable path is used")
+    assert cpu_kernel.load() is not None
