@@ -147,3 +147,24 @@ def test_report_of_a_tool_task_over_http_records_the_returned_tool_result(tmp_pa
     t = rep["time"]
     assert sum(t["by_stage"].values()) == pytest.approx(t["wall"], abs=1e-6)
     assert all(r["streaming"] >= 0 for r in t["requests"])  # response sent after the last token
+
+
+def test_requests_of_a_task_that_overlap_still_add_up_to_the_wall_time(tmp_path):
+    import sqlite3
+
+    from modelcall.plugins.ledger.report import render, task_report
+    from modelcall.plugins.ledger.store import connect
+
+    conn = connect(tmp_path / "l.db")
+    for rid, t0 in (("a", 0.0), ("b", 0.5), ("c", 3.0)):  # b starts before a ends; c after a gap
+        conn.execute("INSERT INTO requests (request_id, task_id, status, finish_reason, received, admitted, scheduled, "
+                     "first_token, last_token, finished, prompt_tokens, completion_tokens) "
+                     "VALUES (?, 't', 200, 'stop', ?, ?, ?, ?, ?, ?, 10, 5)",
+                     (rid, t0, t0 + 0.1, t0 + 0.2, t0 + 0.4, t0 + 0.9, t0 + 1.0))
+    conn.row_factory = sqlite3.Row
+    rep = task_report(conn, "t")
+    t = rep["time"]
+    assert t["wall"] == pytest.approx(4.0)
+    assert sum(t["by_stage"].values()) == pytest.approx(4.0)
+    assert t["by_stage"]["overlap"] == pytest.approx(-0.5) and t["by_stage"]["other"] == pytest.approx(1.5)
+    assert "overlaps the next request by" in render(rep)

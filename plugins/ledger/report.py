@@ -3,7 +3,8 @@
 1. what the model saw  — prompt tokens by part, per request
 2. where the time went — admission, queue, prefill, decode, streaming per request; tools and
    other app time between requests. The spans of each request add up to its wall time, and
-   requests plus gaps add up to the task's wall time.
+   requests plus gaps add up to the task's wall time (requests that ran at the same time add
+   a negative `overlap`, so their shared time is counted once).
 3. whether it completed — every request's finish reason
 4. what it cost        — input (of which cached) and output (of which reasoning); cached and
    reasoning tokens are parts of input and output, never added on top.
@@ -58,10 +59,14 @@ def task_report(conn: sqlite3.Connection, task_id: str) -> dict[str, Any]:
         if i + 1 < len(reqs):
             end = r["response_sent"] or r["finished"]
             gap = _span(end, reqs[i + 1]["received"])
-            tool_s = sum(t["duration_s"] or 0.0 for t in tools_by_request.get(r["request_id"], ()))
-            entry["after"] = {"tools": tool_s, "other": gap - tool_s, "total": gap}
-            totals["tools"] += tool_s
-            totals["other"] += gap - tool_s
+            if gap >= 0:
+                tool_s = sum(t["duration_s"] or 0.0 for t in tools_by_request.get(r["request_id"], ()))
+                entry["after"] = {"tools": tool_s, "other": gap - tool_s, "total": gap}
+                totals["tools"] += tool_s
+                totals["other"] += gap - tool_s
+            else:  # the next request began before this one ended: their time overlaps, counted once
+                entry["after"] = {"overlap": -gap, "total": gap}
+                totals["overlap"] = totals.get("overlap", 0.0) + gap
         timeline.append(entry)
         outcomes.append({"request_id": r["request_id"], "status": r["status"], "finish_reason": r["finish_reason"],
                          "error": r["error"], "retries": r["retries"], "preemptions": r["preemptions"],
@@ -103,8 +108,10 @@ def render(rep: dict[str, Any]) -> str:
     for r in t["requests"]:
         out.append(f"   {r['request_id']}: " + ", ".join(f"{k} {_ms(r[k]).strip()}" for k in SPANS)
                    + f" = {_ms(r['total']).strip()}")
-        if "after" in r:
-            a = r["after"]
+        a = r.get("after")
+        if a is not None and "overlap" in a:
+            out.append(f"     overlaps the next request by {_ms(a['overlap']).strip()}")
+        elif a is not None:
             out.append(f"     then tools {_ms(a['tools']).strip()}, other app time {_ms(a['other']).strip()}"
                        f" = {_ms(a['total']).strip()}")
     out.append("   by stage: " + ", ".join(f"{k} {_ms(v).strip()}" for k, v in t["by_stage"].items())
