@@ -67,6 +67,21 @@ def test_a_valid_key_opens_every_route_by_bearer_or_x_api_key(server):
         assert httpx.get(server.base_url + "/metrics", headers=headers).status_code == 200
 
 
+def test_refusals_are_counted_in_the_metrics(server):
+    import re
+
+    h = {"x-api-key": FULL}
+    def count(status: str) -> float:
+        text = httpx.get(server.base_url + "/metrics", headers=h).text
+        m = re.search(r'modelcall:request_rejected_total\{model_name="[^"]*",status="%s"\} (\S+)' % status, text)
+        return float(m.group(1)) if m else 0.0
+    before = count("401")
+    for _ in range(3):
+        httpx.post(server.base_url + "/v1/chat/completions", json={"model": "m", "messages": []},
+                   headers={"x-api-key": "nope"})
+    assert count("401") == before + 3
+
+
 def test_refusals_come_in_each_protocols_shape(server):
     r = httpx.post(server.base_url + "/v1/chat/completions", json={"model": "m", "messages": []})
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
