@@ -18,7 +18,8 @@ cd "$scratch"
 import importlib, pathlib, pkgutil, sys
 root = pathlib.Path(sys.argv[1])
 missing = []
-for top, folder in (("modelcall.core", "core"), ("modelcall.events", "events"), ("modelcall.plugins", "plugins")):
+for top, folder in (("modelcall.core", "core"), ("modelcall.events", "events"), ("modelcall.plugins", "plugins"),
+                    ("modelcall.testing", "testing")):
     for init in sorted((root / folder).rglob("__init__.py")):
         rel = init.parent.relative_to(root / folder)
         name = ".".join([top, *rel.parts])

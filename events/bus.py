@@ -66,8 +66,13 @@ class EventBus:
                 try:
                     fn(ev)
                 except Exception:  # an observer never stops the engine
-                    self.observer_errors[label] += 1
-                    log.exception("observer %s raised on %s", label, type(ev).__name__)
+                    n = self.observer_errors[label] = self.observer_errors[label] + 1
+                    # NOTE: an observer failing on every token would flood the log: the first
+                    # failure with its traceback, then one line per 1,000.
+                    if n == 1:
+                        log.exception("observer %s raised on %s", label, type(ev).__name__)
+                    elif n % 1000 == 0:
+                        log.error("observer %s has raised %d times", label, n)
             rid = getattr(ev, "request_id", None)
             if rid is not None:
                 stream = streams.get(rid)
