@@ -18,7 +18,7 @@ from http_server import ServerThread
 from keys_util import write_keys
 
 from modelcall.events import (
-    EventBus, Finished, OffloadedObserver, RequestAdmitted, RequestRejected, ResponseSent, Timings, Usage,
+    EventBus, Finished, OffloadedObserver, RequestAdmitted, RequestRejected, ResponseSent, Timings, Usage, now,
 )
 from modelcall.plugins.ledger.plugin import ledger_of
 from modelcall.plugins.ledger.recorder import Recorder
@@ -139,12 +139,13 @@ def test_the_recorder_batches_rows_and_updates_response_sent(tmp_path):
     rec = Recorder(tmp_path / "l.db")
     obs = OffloadedObserver(handle_batch=rec.handle_batch, name="ledger", max_batch=64)
     events = []
+    t0 = now() - 1.0  # NOTE: real monotonic times, so every row falls on today's UTC date
     for i in range(200):
         rid = f"r{i}"
         events += [RequestAdmitted(request_id=rid, task_id="t", model="m", prompt_tokens=3, max_tokens=2, caller="k"),
                    Finished(request_id=rid, task_id="t", reason="stop", usage=Usage(prompt_tokens=3, completion_tokens=2),
-                            timings=Timings(received=1.0, admitted=1.1, scheduled=1.2, first_token=1.3, last_token=1.4,
-                                            finished=1.5)),
+                            timings=Timings(received=t0, admitted=t0 + .1, scheduled=t0 + .2, first_token=t0 + .3,
+                                            last_token=t0 + .4, finished=t0 + .5)),
                    ResponseSent(request_id=rid, task_id="t")]
     events.append(RequestRejected(request_id="x", status=429, error_type="rate_limit_error", message="over"))
     for ev in events:
