@@ -87,6 +87,8 @@ async def test_multi_turn_task_with_two_tools_reports_every_request_and_call(cli
     assert [(t.name, t.status) for t in r.tool_calls] == [("get_weather", "ok"), ("forecast", "ok")]
     assert calls == {"get_weather": 1, "forecast": 1}
     assert all(q.usage["total_tokens"] > 0 and q.latency_s > 0 for q in r.requests)
+    # server-side timings (Server-Timing), each measured where it happened, within the client's latency
+    assert all(0 < q.timings["e2e_s"] <= q.latency_s and q.timings["decode_s"] >= 0 for q in r.requests)
     assert r.usage["total_tokens"] == sum(q.usage["total_tokens"] for q in r.requests)
     # one task id spans every model request, and the server saw the calls it parsed
     admitted = [e for e in collector.of(RequestAdmitted) if e.task_id == "task-two-tools"]

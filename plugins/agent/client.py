@@ -16,6 +16,21 @@ from modelcall.plugins.agent.result import Retry
 TASK_HEADER = "x-modelcall-task-id"
 
 
+def parse_server_timing(header: str | None) -> dict[str, float]:
+    """{"queue_s": ..., "prefill_s": ..., "decode_s": ..., "e2e_s": ...} from `Server-Timing` (ms)."""
+    out: dict[str, float] = {}
+    for part in (header or "").split(","):
+        name, _, rest = part.strip().partition(";")
+        for param in rest.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key == "dur" and name:
+                try:
+                    out[f"{name}_s"] = float(value) / 1e3
+                except ValueError:
+                    pass
+    return out
+
+
 class ModelReply(msgspec.Struct, kw_only=True):
     request_id: str | None
     content: str
@@ -111,6 +126,7 @@ class OpenAIChatClient:
         try:
             async with session.post(self.base_url + "/v1/chat/completions", json=body, headers=headers) as resp:
                 text = await resp.text()
+                timing = resp.headers.get("Server-Timing")
                 if resp.status in self.retry.retry_status:
                     after = resp.headers.get("Retry-After")
                     raise _Retryable(f"HTTP {resp.status}: {text[:200]}", float(after) if after else None)
@@ -124,7 +140,8 @@ class OpenAIChatClient:
         calls = [{"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
                  for c in msg.get("tool_calls") or ()]
         return ModelReply(request_id=data.get("id"), content=msg.get("content") or "", tool_calls=calls,
-                          finish_reason=choice.get("finish_reason"), usage=data.get("usage") or {})
+                          finish_reason=choice.get("finish_reason"), usage=data.get("usage") or {},
+                          timings=parse_server_timing(timing))
 
 
 class KernelChatClient:

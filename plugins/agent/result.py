@@ -63,8 +63,9 @@ class TaskResult(msgspec.Struct, kw_only=True):
                  f"{len(self.tool_calls)} tool calls, tokens {self.usage}"]
         for r in self.requests:
             retry = f", {len(r.retries)} retries" if r.retries else ""
-            lines.append(f"  model turn {r.turn}: {r.finish_reason or r.error} in {r.latency_s * 1e3:.0f} ms, "
-                         f"usage {r.usage}{retry}")
+            server = "".join(f", {k[:-2]} {v * 1e3:.0f} ms" for k, v in r.timings.items() if v is not None)
+            lines.append(f"  model turn {r.turn}: {r.finish_reason or r.error} in {r.latency_s * 1e3:.0f} ms"
+                         f"{server}, usage {r.usage}{retry}")
         for t in self.tool_calls:
             lines.append(f"  tool {t.name}({t.arguments}) -> {t.status} in {t.duration_s * 1e3:.1f} ms: "
                          f"{t.result[:80]!r}")

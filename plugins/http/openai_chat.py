@@ -16,6 +16,7 @@ from modelcall.plugins.http.schemas_openai import (
     ChatDelta, ChatMessage, DeveloperMessage, FunctionCall, ImagePart, Message, SystemMessage, ToolCall, ToolCallDelta,
     ToolMessage, encoder,
 )
+from modelcall.plugins.http.timing import server_timing
 from modelcall.plugins.http.tool_calls import openai_calls, openai_deltas, openai_options, task_id_of
 from modelcall.plugins.http.service import (
     Generation, ServingContext, check_outcome, close_all, events_of, sampling_params, total_usage, unix_time,
@@ -119,7 +120,8 @@ async def _whole(ctx: ServingContext, gens: list[Generation], rid: str, model: s
                for g in gens]
     body = ChatCompletion(id=rid, created=unix_time(), model=model, choices=choices,
                           usage=usage_info(total_usage(gens)))
-    return web.Response(body=encoder.encode(body), content_type="application/json")
+    return web.Response(body=encoder.encode(body), content_type="application/json",
+                        headers=server_timing(gens[0].finished if len(gens) == 1 else None))
 
 
 async def _stream(request: web.Request, ctx: ServingContext, body: ChatCompletionRequest, gens: list[Generation],
