@@ -118,10 +118,12 @@ async def bench(args: argparse.Namespace) -> float:
         config["threads"] = args.threads
     if args.dtype:
         config["dtype"] = args.dtype
+    if args.cpu_bind != "off":
+        config["plugin_config"] = {"runner": {"cpu_bind": args.cpu_bind}}
     async with Kernel(plugins=[meter], **config) as kernel:
         spec = kernel.spec
         print(f"model {args.model}: {spec.num_layers} layers, vocab {spec.vocab_size}, {spec.device} {spec.dtype}; "
-              f"{len(rows)} rows; threads {args.threads or 'default'}; prefix cache "
+              f"{len(rows)} rows; threads {args.threads or 'default'} (CPU binding: {args.cpu_bind}); prefix cache "
               f"{'reset before each run' if args.cold else 'kept across runs (as the vllm peer)'}", flush=True)
         # NOTE: the same warm-up as shared/bench/vllm_w1.py (two rows, 8 tokens) and, by default, the same
         # prefix-cache state: vLLM keeps its cache across runs, so later runs hit the prompts' prefixes.
@@ -150,6 +152,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", default="", help="also run the rows widened to these counts, e.g. 64,128")
     p.add_argument("--max-batched-tokens", type=int, default=2048, help="token budget of one engine step")
     p.add_argument("--kv-cache-gb", type=float, default=1.0)
+    p.add_argument("--cpu-bind", default="auto",
+                   help='pin compute threads: "auto" (first N CPUs, as vLLM\'s CPU backend does), "off", or "0,1"')
     p.add_argument("--cold", action="store_true", help="reset the prefix cache before each run (every prompt computed)")
 
 

@@ -29,6 +29,9 @@ import torch
 log = logging.getLogger("modelcall.runner")
 
 SOURCE = r"""
+#define _GNU_SOURCE
+#include <sched.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,6 +145,20 @@ static void attend(const float *qt, float *ot, const void *kc, const void *vc, i
     }
 }
 
+/* Pin the calling thread and the OpenMP team it leads (torch's too: one runtime) to cpus[0..n).
+ * Returns how many threads were pinned. */
+int bind_threads(const int *cpus, int n) {
+    int ok = 0;
+    #pragma omp parallel num_threads(n) reduction(+:ok)
+    {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(cpus[omp_get_thread_num()], &set);
+        ok += sched_setaffinity(0, sizeof(set), &set) == 0;
+    }
+    return ok;
+}
+
 void paged_attention(const float *q, float *out, const void *kc, const void *vc, int bf16,
                      const int64_t *tok_seq, const int64_t *tok_pos, const int64_t *slots, int64_t max_ctx,
                      int64_t n, int64_t hq, int64_t hkv, int64_t d, float scale, int nthreads) {
@@ -188,6 +205,8 @@ def _build() -> ctypes.CDLL | None:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     fn.argtypes = [p, p, p, p, ctypes.c_int, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     fn.restype = None
+    lib.bind_threads.argtypes = [p, ctypes.c_int]
+    lib.bind_threads.restype = ctypes.c_int
     return lib
 
 
@@ -223,3 +242,16 @@ def paged_attention(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, st
                         step.paged_token_seq.data_ptr(), step.paged_token_pos.data_ptr(), slots.data_ptr(),
                         slots.shape[1], n, hq, kc.shape[1], d, scale, torch.get_num_threads())
     return out.to(q_rows.dtype)
+
+
+def bind_threads(cpus: list[int]) -> bool:
+    """Pin the calling thread and its OpenMP team (torch's intra-op threads) one per CPU in `cpus`.
+
+    On a shared machine an unpinned compute thread got about half a core here while a pinned one
+    got all of it (W1: 410 -> 770 tok/s on one thread); vLLM's CPU backend pins the same way.
+    """
+    lib = load()
+    if lib is None or not cpus:
+        return False
+    arr = (ctypes.c_int * len(cpus))(*cpus)
+    return lib.bind_threads(arr, len(cpus)) == len(cpus)

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from typing import Any
 
@@ -9,12 +11,12 @@ import torch
 
 from modelcall.core import ConfigError, KernelConfig, SchedulePlan, StepOutput
 from modelcall.core.stages import Sampler
-from modelcall.plugins.runner import attention
+from modelcall.plugins.runner import attention, cpu_kernel
 from modelcall.plugins.runner.batch import StepBatch, build_step
-from modelcall.plugins.runner.packing import pack_linears
 from modelcall.plugins.runner.loader import (
     build_spec, check_model_dir, resolve_placement, unsupported_features,
 )
+from modelcall.plugins.runner.packing import pack_linears
 
 log = logging.getLogger("modelcall.runner")
 
@@ -54,6 +56,8 @@ class TorchModelRunner:
         self.spec = build_spec(model_dir, config, hf_config, hf_json, p)
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_size = 0
+        self._cpus = cpu_binding(config) if p.device.type == "cpu" else []
+        self._bound = threading.local()   # binding is per OS thread: anyio may hand execute() a new worker
         log.info("loaded %s on %s (%s, kv %s) in %.1fs", model_dir, p.device, p.dtype, p.kv_dtype,
                  time.perf_counter() - t0)
 
@@ -76,6 +80,10 @@ class TorchModelRunner:
 
     def execute(self, plan: SchedulePlan) -> StepOutput:
         t0 = time.perf_counter()
+        if self._cpus and not getattr(self._bound, "done", False):
+            self._bound.done = True
+            if cpu_kernel.bind_threads(self._cpus):
+                log.info("compute threads of %s pinned to CPUs %s", threading.current_thread().name, self._cpus)
         with torch.inference_mode():
             logits = self.compute_logits(plan)
             sampled = [c for c in plan.chunks if c.sample]
@@ -83,19 +91,15 @@ class TorchModelRunner:
                 ids, logprobs = self.sampler.sample(logits, sampled)
             else:
                 ids, logprobs = [], None
-        token_ids: list[int | None] = []
-        lps: list[Any] | None = [] if logprobs is not None else None
-        it = iter(range(len(ids)))
-        for c in plan.chunks:
+        token_ids: list[int | None] = [None] * len(plan.chunks)
+        lps: list[Any] | None = [None] * len(plan.chunks) if logprobs is not None else None
+        j = 0
+        for i, c in enumerate(plan.chunks):
             if c.sample:
-                j = next(it)
-                token_ids.append(ids[j])
+                token_ids[i] = ids[j]
                 if lps is not None:
-                    lps.append(logprobs[j])
-            else:
-                token_ids.append(None)
-                if lps is not None:
-                    lps.append(None)
+                    lps[i] = logprobs[j]
+                j += 1
         return StepOutput(token_ids=token_ids, logprobs=lps, forward_s=time.perf_counter() - t0)
 
     def compute_logits(self, plan: SchedulePlan) -> torch.Tensor:
@@ -107,6 +111,8 @@ class TorchModelRunner:
             step = build_step(plan, self.block_size, self.placement.device)
             step.kv = self.kv
             hidden = self._forward(step)
+            if step.num_sampled == 0:   # only partial prefill chunks: nothing to sample
+                return hidden.new_empty(0, self.spec.vocab_size)
             if step.sample_rows is not None:
                 hidden = hidden.index_select(0, step.sample_rows)
             logits = self.lm_head(hidden)
@@ -124,3 +130,20 @@ class TorchModelRunner:
         self.model = None  # type: ignore[assignment]
         if self.placement.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def cpu_binding(config: KernelConfig) -> list[int]:
+    """CPUs to pin the compute threads to, from `plugin_config["runner"]["cpu_bind"]`: "auto" (the first
+    `threads` CPUs this process may use), a list of CPU ids, or absent/"off" (no pinning, the default: two
+    kernels pinned to the same cores on one machine would share them)."""
+    bind = (config.plugin_config.get("runner") or {}).get("cpu_bind", "off")
+    if bind in (None, "off", False):
+        return []
+    allowed = sorted(os.sched_getaffinity(0))
+    n = config.threads or torch.get_num_threads()
+    if bind == "auto":
+        return allowed[:n]
+    cpus = [int(c) for c in (bind.split(",") if isinstance(bind, str) else bind)]
+    if len(cpus) != n or not set(cpus) <= set(allowed):
+        raise ConfigError(f"cpu_bind {bind!r}: give {n} CPU ids (one per thread) among {allowed}")
+    return cpus
