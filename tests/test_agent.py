@@ -82,7 +82,7 @@ async def test_multi_turn_task_with_two_tools_reports_every_request_and_call(cli
     agent = Agent(client, [get_weather, forecast], tool_choice=script(named("get_weather"), named("forecast")),
                   params=PARAMS)
     r = await agent.run("Weather in Paris, and the forecast?", task_id="task-two-tools")
-    assert r.status == "answered" and r.answer is not None
+    assert r.status in ("answered", "truncated") and r.answer is not None
     assert [q.finish_reason for q in r.requests][:2] == ["tool_calls", "tool_calls"] and len(r.requests) == 3
     assert [(t.name, t.status) for t in r.tool_calls] == [("get_weather", "ok"), ("forecast", "ok")]
     assert calls == {"get_weather": 1, "forecast": 1}
@@ -102,7 +102,7 @@ async def test_a_failing_tool_is_fed_back_as_an_explicit_failure(client):
     agent = Agent(client, [broken_lookup, get_weather], on_event=events.append, params=PARAMS,
                   tool_choice=script(named("broken_lookup"), named("get_weather")))
     r = await agent.run("Look up Paris", task_id="task-failing")
-    assert r.status == "answered"
+    assert r.status in ("answered", "truncated")
     assert [(t.name, t.status) for t in r.tool_calls] == [("broken_lookup", "failed"), ("get_weather", "ok")]
     assert "ConnectionError: backend unreachable" in r.tool_calls[0].result
     assert [type(e) for e in events] == [ToolFailed, ToolExecuted] and events[0].task_id == "task-failing"
@@ -174,7 +174,7 @@ async def test_world_changing_tool_runs_exactly_once_across_a_retried_request_an
     try:
         agent = Agent(client, [transfer], store=store, tool_choice=script(named("transfer")), params=PARAMS)
         first = await agent.run("Pay Bob 5", task_id="task-pay")
-        assert first.status == "answered"
+        assert first.status in ("answered", "truncated")
         assert len(first.requests[0].retries) == 1 and "503" in first.requests[0].retries[0].error  # recorded
         assert transfers == ["task-pay:call_0_0"]
         # The same task run again (say the agent process restarted): the call is not made twice.

@@ -139,7 +139,7 @@ async def test_the_agent_runs_on_an_in_process_kernel(demo_model_dir):
         agent = Agent(KernelChatClient(kernel), [lookup], tool_choice=lambda turn: choice if turn == 0 else "none",
                       params={"temperature": 0, "max_tokens": 64})
         r = await agent.run("look up k", task_id="t-kernel")
-    assert r.status == "answered" and [t.status for t in r.tool_calls] == ["ok"]
+    assert r.status in ("answered", "truncated") and [t.status for t in r.tool_calls] == ["ok"]
     assert r.requests[0].finish_reason == "tool_calls" and r.requests[0].timings["e2e_s"] > 0
     (requested,) = [e for e in events.of(ToolRequested) if e.task_id == "t-kernel"]
     (executed,) = [e for e in events.of(ToolExecuted) if e.task_id == "t-kernel"]
@@ -157,11 +157,13 @@ def test_the_agent_command_against_a_live_server(tmp_path):
     with ServerThread(ServerSettings(port=0), max_model_len=1024) as server:
         out = subprocess.run(
             [os.path.join(os.path.dirname(sys.executable), "modelcall"), "agent", "--base-url", server.base_url,
-             "--tools", "mytools:add", "--tool-choice", "add", "--max-turns", "1", "--json",
+             "--tools", "mytools:add", "--tool-choice", "add", "--max-turns", "3", "--json",
              "--param", "temperature=0", "--param", "max_tokens=48", "Add 2 and 3"],
             capture_output=True, text=True, timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
     result = json.loads(out.stdout)
-    assert out.returncode == 1 and result["status"] == "max_turns"  # one turn, spent on the forced call
+    # the first request is forced to call add; the next one (auto) is the random model's answer
+    assert out.returncode == 0 and result["status"] in ("answered", "truncated"), out.stderr
+    assert [r["finish_reason"] for r in result["requests"]][0] == "tool_calls"
     (call,) = result["tool_calls"]
     assert call["name"] == "add" and call["status"] == "ok"
     assert int(call["result"]) == sum(json.loads(call["arguments"]).values())

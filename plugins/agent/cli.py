@@ -24,7 +24,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="NAME")
     parser.add_argument("--api-key", metavar="KEY")
     parser.add_argument("--tool-choice", default="auto", metavar="CHOICE",
-                        help="auto (default), required, none, or a function name")
+                        help="for the first model request: auto (default), required, none, or a function name; "
+                             "later requests use auto")
     parser.add_argument("--max-turns", type=int, default=8, metavar="N")
     parser.add_argument("--max-tokens", type=int, metavar="N", help="token budget of the whole task")
     parser.add_argument("--max-wall-s", type=float, metavar="S", help="wall-time budget of the whole task")
@@ -69,7 +70,8 @@ async def run(args: argparse.Namespace) -> int:
         k, _, v = p.partition("=")
         params[k] = json.loads(v)
     client = OpenAIChatClient(args.base_url, model=args.model, api_key=args.api_key)
-    agent = Agent(client, tools, policy=Policy(confirm=_confirm(args.yes)), tool_choice=choice, params=params,
+    agent = Agent(client, tools, policy=Policy(confirm=_confirm(args.yes)), params=params,
+                  tool_choice=lambda turn: choice if turn == 0 else "auto",
                   budget=Budget(max_turns=args.max_turns, max_tokens=args.max_tokens, max_wall_s=args.max_wall_s))
     try:
         result = await agent.run(args.question, task_id=args.task_id)
@@ -80,4 +82,4 @@ async def run(args: argparse.Namespace) -> int:
     else:
         print(result.answer if result.answer is not None else f"(no answer: {result.status})")
         print(result.summary(), file=sys.stderr)
-    return 0 if result.status == "answered" else 1
+    return 0 if result.status in ("answered", "truncated") else 1

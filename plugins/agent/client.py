@@ -31,6 +31,16 @@ def parse_server_timing(header: str | None) -> dict[str, float]:
     return out
 
 
+def _usage(u: dict[str, Any]) -> dict[str, int]:
+    """OpenAI usage as flat counts: prompt, completion, total, and cached / reasoning when told."""
+    out = {k: v for k, v in u.items() if isinstance(v, int)}
+    for details, key in (("prompt_tokens_details", "cached_tokens"), ("completion_tokens_details", "reasoning_tokens")):
+        value = (u.get(details) or {}).get(key)
+        if isinstance(value, int):
+            out[key] = value
+    return out
+
+
 class ModelReply(msgspec.Struct, kw_only=True):
     request_id: str | None
     content: str
@@ -140,7 +150,7 @@ class OpenAIChatClient:
         calls = [{"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
                  for c in msg.get("tool_calls") or ()]
         return ModelReply(request_id=data.get("id"), content=msg.get("content") or "", tool_calls=calls,
-                          finish_reason=choice.get("finish_reason"), usage=data.get("usage") or {},
+                          finish_reason=choice.get("finish_reason"), usage=_usage(data.get("usage") or {}),
                           timings=parse_server_timing(timing))
 
 

@@ -48,7 +48,8 @@ class ToolOutcome(msgspec.Struct, kw_only=True):
 
 
 class TaskResult(msgspec.Struct, kw_only=True):
-    """status: answered, max_turns, max_tokens, timeout, model_error, cancelled."""
+    """status: answered, truncated (the answer hit the request's max_tokens), max_turns, max_tokens,
+    timeout, model_error, cancelled."""
 
     task_id: str
     status: str

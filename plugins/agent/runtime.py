@@ -75,7 +75,9 @@ class Agent:
                 for k in usage:
                     usage[k] += int(reply.usage.get(k, 0))
                 if not reply.tool_calls:
-                    status, answer = "answered", reply.content
+                    # NOTE: an answer cut by the request's max_tokens is still returned, but says so.
+                    status = "truncated" if reply.finish_reason == "length" else "answered"
+                    answer = reply.content
                     break
                 # NOTE: the runtime names calls by turn and position, so a retried model request
                 # gives a call the same id (and idempotency key); the model's id is kept for events.
