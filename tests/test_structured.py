@@ -109,3 +109,19 @@ async def test_unenforceable_requests_are_refused_naming_the_field(kernel):
     with pytest.raises(InvalidRequest) as e:
         await kernel.submit(messages=MSG, tools=TOOLS, tool_choice="required", tool_parser="pythonic")
     assert e.value.field == "tool_choice"
+
+
+async def test_parallel_calls_by_default_are_each_complete_and_valid(kernel):
+    for seed in range(6):
+        handle = await kernel.submit(messages=MSG, tools=TOOLS, tool_choice="required", max_tokens=256,
+                                     temperature=1.0, seed=seed)
+        calls, finished = [], None
+        async with handle:
+            async for ev in handle:
+                if isinstance(ev, ToolRequested):
+                    calls.append(ev)
+                finished = ev
+        assert finished.reason == "tool_calls" and calls
+        for call in calls:
+            schema = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}[call.name]
+            jsonschema.validate(json.loads(call.arguments), schema)
