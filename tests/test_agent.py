@@ -144,7 +144,8 @@ class LossyProxy:
         body = await request.read()
         async with ClientSession() as s, s.post(self.target + request.path, data=body,
                                                 headers={k: v for k, v in request.headers.items()
-                                                         if k.lower() in ("content-type", "x-modelcall-task-id")}) as r:
+                                                         if k.lower() in ("content-type", "x-modelcall-task-id",
+                                                                         "x-modelcall-retries")}) as r:
             data = await r.read()
         self.seen += 1
         if self.seen <= self.lose:
@@ -152,7 +153,7 @@ class LossyProxy:
         return web.Response(body=data, content_type="application/json")
 
 
-async def test_world_changing_tool_runs_exactly_once_across_a_retried_request_and_a_rerun(server):
+async def test_world_changing_tool_runs_exactly_once_across_a_retried_request_and_a_rerun(server, collector):
     transfers = []
 
     @tool(changes_world=True)
@@ -177,6 +178,8 @@ async def test_world_changing_tool_runs_exactly_once_across_a_retried_request_an
         assert first.status in ("answered", "truncated")
         assert len(first.requests[0].retries) == 1 and "503" in first.requests[0].retries[0].error  # recorded
         assert transfers == ["task-pay:call_0_0"]
+        # the server computed the lost answer too, and recorded the retry as the retry it was
+        assert [e.retries for e in collector.of(RequestAdmitted) if e.task_id == "task-pay"][:2] == [0, 1]
         # The same task run again (say the agent process restarted): the call is not made twice.
         again = await agent.run("Pay Bob 5", task_id="task-pay")
         assert again.tool_calls[0].status == "skipped" and transfers == ["task-pay:call_0_0"]

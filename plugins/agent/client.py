@@ -14,6 +14,7 @@ import msgspec
 from modelcall.plugins.agent.result import Retry
 
 TASK_HEADER = "x-modelcall-task-id"
+RETRIES_HEADER = "x-modelcall-retries"
 
 
 def parse_server_timing(header: str | None) -> dict[str, float]:
@@ -118,6 +119,8 @@ class OpenAIChatClient:
             headers["Authorization"] = f"Bearer {self.api_key}"
         retries: list[Retry] = []
         for attempt in range(1, self.retry.attempts + 1):
+            if attempt > 1:  # the server records how many earlier attempts this request had
+                headers[RETRIES_HEADER] = str(attempt - 1)
             try:
                 reply = await self._once(body, headers)
                 reply.retries = retries
