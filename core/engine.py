@@ -1,7 +1,9 @@
 """The engine loop: schedule → forward (off the event loop) → apply → publish. One task, no task per token."""
 from __future__ import annotations
 
+import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import anyio
@@ -54,6 +56,7 @@ class Engine:
         self.alive = False
         self.step_count = 0
         self.last_error: str | None = None
+        self._executor: ThreadPoolExecutor | None = None
         self.think_token_ids: tuple[int, int] | None = None  # (start, end) of reasoning blocks, for usage
 
     # ---- entry from other tasks (same event loop) ---------------------------------------
@@ -96,6 +99,9 @@ class Engine:
         finally:
             self.alive = False
             self._abort_all("abort")
+            if self._executor is not None:
+                self._executor.shutdown(wait=False)
+                self._executor = None
 
     async def step(self) -> None:
         t0 = now()
@@ -110,7 +116,7 @@ class Engine:
             await anyio.sleep(0.001)
             return
         try:
-            output = await anyio.to_thread.run_sync(self.runner.execute, plan)
+            output = await self._forward(plan)
         except Exception as e:  # the step failed: fail its requests, keep the engine alive
             log.exception("model step failed")
             self.last_error = f"{type(e).__name__}: {e}"
@@ -130,6 +136,22 @@ class Engine:
         if self.step_count % 64 == 0:
             for rid in self.bus.stale_streams(now(), self.consumer_timeout_s):
                 self.abort(rid)
+
+    async def _forward(self, plan: SchedulePlan) -> StepOutput:
+        """Run the step's forward in the engine's worker thread.
+
+        NOTE: anyio.to_thread.run_sync yields to the event loop *before* handing work to its thread,
+        so every consumer the last step woke (an SSE handler per streaming request) would run before
+        this forward starts, serializing front-end work with the model. On asyncio the plan is
+        handed over first and the consumers run while the forward computes.
+        """
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # another anyio backend
+            return await anyio.to_thread.run_sync(self.runner.execute, plan)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="modelcall-step")
+        return await loop.run_in_executor(self._executor, self.runner.execute, plan)
 
     def _take_inbox(self) -> None:
         if self._inbox:
