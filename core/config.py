@@ -11,7 +11,9 @@ class KernelConfig(msgspec.Struct, kw_only=True):
 
     Stage names (`tokenizer`, `runner`, `scheduler`, `kv_cache`, `sampler`) pick an
     implementation: "auto" lets the first plugin that accepts win (installed plugins before
-    built-ins); a name asks for that implementation and the others decline.
+    built-ins); a name asks for that implementation and the others decline. `eviction_policy`
+    and `waiting_queue` pick, the same way, the order the KV policy evicts in and the order the
+    scheduler admits in (`core/policies.py`).
     """
 
     model: str | None = None            # a Hugging Face model directory; None: the built-in demo model
@@ -36,6 +38,8 @@ class KernelConfig(msgspec.Struct, kw_only=True):
     scheduler: str = "auto"
     kv_cache: str = "auto"
     sampler: str = "auto"
+    eviction_policy: str = "auto"       # built-in: lru
+    waiting_queue: str = "auto"         # built-in: default (the order scheduling_policy names)
     plugin_config: dict[str, dict] = {}
 
     def __post_init__(self) -> None:

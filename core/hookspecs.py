@@ -47,14 +47,44 @@ def provide_model_runner(config: Any, model_dir: str, sampler: Any) -> Any:
 
 
 @hookspec(firstresult=True)
-def provide_kv_cache(config: Any, spec: Any, num_blocks: int) -> Any:
-    """Return a `modelcall.core.stages.KVCachePolicy` over `num_blocks` blocks of
-    `config.block_size` tokens for the model described by `spec` (a ModelSpec), or None."""
+def provide_eviction_policy(config: Any, num_blocks: int) -> Any:
+    """Return a `modelcall.core.policies.EvictionPolicy` holding the free block ids
+    `0 .. num_blocks-1` (the order in which free blocks, and the prefixes they cache, are reused),
+    or None. The built-in is least recently freed first (`eviction_policy = "lru"`).
+
+    Only the eviction order: the built-in KV policy (`provide_kv_cache`) keeps block tables, prefix
+    keys and reference counts and takes whichever policy answered. Optional: when no plugin answers
+    and the configuration names none, the KV policy uses its default."""
 
 
 @hookspec(firstresult=True)
-def provide_scheduler(config: Any, kv_cache: Any) -> Any:
-    """Return a `modelcall.core.stages.Scheduler` that allocates through `kv_cache`, or None."""
+def provide_kv_cache(config: Any, spec: Any, num_blocks: int, eviction_policy: Any) -> Any:
+    """Return a `modelcall.core.stages.KVCachePolicy` over `num_blocks` blocks of
+    `config.block_size` tokens for the model described by `spec` (a ModelSpec), or None.
+
+    `eviction_policy` is what `provide_eviction_policy` returned (None: nobody answered); a
+    policy that keeps a free list reuses blocks in its order. `eviction_policy` was added after
+    `num_blocks`: implementations that do not name it keep working."""
+
+
+@hookspec(firstresult=True)
+def provide_waiting_queue(config: Any) -> Any:
+    """Return an empty `modelcall.core.policies.WaitingQueue` (the order in which waiting requests
+    are admitted), or None. The built-in (`waiting_queue = "default"`) orders by
+    `config.scheduling_policy`: arrival (fcfs) or lowest priority value first (priority).
+
+    Only the admission order: the built-in scheduler (`provide_scheduler`) keeps batching, chunked
+    prefill and preemption and takes whichever queue answered. Optional: when no plugin answers
+    and the configuration names none, the scheduler uses its default."""
+
+
+@hookspec(firstresult=True)
+def provide_scheduler(config: Any, kv_cache: Any, waiting_queue: Any) -> Any:
+    """Return a `modelcall.core.stages.Scheduler` that allocates through `kv_cache`, or None.
+
+    `waiting_queue` is what `provide_waiting_queue` returned (None: nobody answered); a scheduler
+    with a waiting queue admits in its order. `waiting_queue` was added after `kv_cache`:
+    implementations that do not name it keep working."""
 
 
 @hookspec(firstresult=True)

@@ -21,7 +21,8 @@ from modelcall.core.engine import Engine, RequestRecord
 from modelcall.core.admission import admit_chat, check_policy
 from modelcall.core.context import message_text
 from modelcall.core.errors import (
-    ContentBlocked, ContextOverflow, InvalidRequest, ModelNotFound, Overloaded, PermissionDenied, Unavailable,
+    ConfigError, ContentBlocked, ContextOverflow, InvalidRequest, ModelNotFound, Overloaded, PermissionDenied,
+    Unavailable,
 )
 from modelcall.core.handle import Completion, RequestHandle
 from modelcall.core.host import PluginHost, PluginLike
@@ -161,8 +162,23 @@ class Kernel:
         num_blocks = cfg.num_kv_blocks or max(
             2, int(cfg.kv_cache_memory_gb * 2**30) // self.runner.kv_block_bytes(cfg.block_size))
         self.runner.allocate_kv_cache(num_blocks, cfg.block_size)
-        self.kv = host.provide("provide_kv_cache", "kv_cache", config=cfg, spec=self.spec, num_blocks=num_blocks)
-        self.scheduler = host.provide("provide_scheduler", "scheduler", config=cfg, kv_cache=self.kv)
+        evict = self._provide_seam("provide_eviction_policy", "eviction_policy", num_blocks=num_blocks)
+        self.kv = host.provide("provide_kv_cache", "kv_cache", config=cfg, spec=self.spec, num_blocks=num_blocks,
+                               eviction_policy=evict)
+        waiting = self._provide_seam("provide_waiting_queue", "waiting_queue")
+        self.scheduler = host.provide("provide_scheduler", "scheduler", config=cfg, kv_cache=self.kv,
+                                      waiting_queue=waiting)
+
+    def _provide_seam(self, hook: str, stage: str, **kwargs: Any) -> Any:
+        """A part of a stage (`core/policies.py`), handed to that stage's provider: None when no
+        plugin answers, unless the configuration names one (then nobody answering is an error)."""
+        assert self.host is not None
+        try:
+            return self.host.provide(hook, stage, config=self.config, **kwargs)
+        except ConfigError:  # raised by the host only when nobody answered
+            if getattr(self.config, stage) != "auto":
+                raise
+            return None
 
     async def stop(self) -> None:
         """Abort what is still running, stop the loop, run shutdown hooks, release the model."""

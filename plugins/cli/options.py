@@ -19,7 +19,7 @@ from typing import Any
 
 from modelcall.core import ConfigError, Kernel, KernelConfig
 
-STAGES = ("tokenizer", "runner", "scheduler", "kv_cache", "sampler")
+STAGES = ("tokenizer", "runner", "scheduler", "kv_cache", "sampler", "eviction_policy", "waiting_queue")
 
 
 class CommandError(Exception):

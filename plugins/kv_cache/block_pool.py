@@ -30,6 +30,7 @@ class BlockPool:
         if len(self.free) != num_blocks:
             raise ValueError(f"the free queue must start with all {num_blocks} blocks, has {len(self.free)}")
         self.num_evictions = 0
+        self._on_hit = getattr(self.free, "hit", None)  # optional: told of every prefix-cache hit
 
     def num_free(self) -> int:
         return len(self.free)
@@ -47,10 +48,13 @@ class BlockPool:
 
     def touch(self, blocks: Iterable[int]) -> None:
         """Add a holder to each of `blocks` (prefix-cache hits), reviving free ones."""
+        on_hit = self._on_hit
         for b in blocks:
             if self.ref_cnt[b] == 0:
                 self.free.remove(b)
             self.ref_cnt[b] += 1
+            if on_hit is not None:
+                on_hit(b)
 
     def release(self, blocks: Iterable[int]) -> None:
         """Drop a holder from each of `blocks`; the ones nobody holds go to the free queue in this order."""

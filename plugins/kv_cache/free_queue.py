@@ -2,38 +2,23 @@
 
 A free block may still hold a cached prefix (lazy eviction); taking it from the queue for a new
 owner is what evicts that prefix. The default reuses the least recently freed block first.
-A plugin changes the eviction order by handing `PagedKVCache` another `FreeQueue`.
+A plugin changes the eviction order by implementing `modelcall.core.EvictionPolicy` and
+`provide_eviction_policy`; `PagedKVCache(free_queue=...)` takes it. `LRUFreeQueue` is the default.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Protocol
 
+from modelcall.core.policies import EvictionPolicy
 
-class FreeQueue(Protocol):
-    """The free block ids. Every operation must be O(1) (or O(log n)): it runs per block per step."""
-
-    def push(self, block_id: int) -> None:
-        """`block_id` just became free (its last holder released it)."""
-        ...
-
-    def remove(self, block_id: int) -> None:
-        """A prefix-cache hit revives a free block: take it out without reusing it."""
-        ...
-
-    def pop(self) -> int:
-        """The next block to reuse (the victim whose cached prefix, if any, is evicted)."""
-        ...
-
-    def __contains__(self, block_id: int) -> bool:
-        ...
-
-    def __len__(self) -> int:
-        ...
+FreeQueue = EvictionPolicy  # the contract lives in core, so a plugin can implement it without importing this
 
 
 class LRUFreeQueue:
-    """Least recently freed first. An OrderedDict is a hashed doubly linked list: O(1) everywhere."""
+    """The default `EvictionPolicy`: least recently freed first.
+
+    An OrderedDict is a hashed doubly linked list: O(1) everywhere. No `hit` method: LRU needs no
+    hit counts, and the pool skips the call."""
 
     __slots__ = ("_order",)
 

@@ -1,15 +1,31 @@
-"""Provides the built-in paged KV cache policy (`kv_cache = "paged"`)."""
+"""Provides the built-in paged KV cache policy (`kv_cache = "paged"`) and its default eviction
+order (`eviction_policy = "lru"`: least recently freed first)."""
 from __future__ import annotations
 
 from typing import Any
 
-from modelcall.core import hookimpl
+from modelcall.core import EvictionPolicy, hookimpl
+from modelcall.plugins.kv_cache.free_queue import LRUFreeQueue
 from modelcall.plugins.kv_cache.policy import PagedKVCache
 
 
 @hookimpl(trylast=True)
-def provide_kv_cache(config: Any, spec: Any, num_blocks: int) -> PagedKVCache | None:
+def provide_eviction_policy(config: Any, num_blocks: int) -> LRUFreeQueue | None:
+    if not config.wants("eviction_policy", "lru"):
+        return None
+    return LRUFreeQueue(range(num_blocks))
+
+
+def provide_kv_cache(config: Any, spec: Any, num_blocks: int,
+                     eviction_policy: EvictionPolicy | None = None) -> PagedKVCache | None:
     if not config.wants("kv_cache", "paged"):
         return None
     return PagedKVCache(num_blocks, config.block_size, identity=spec.identity or spec.name,
-                        enable_prefix_caching=config.enable_prefix_caching)
+                        enable_prefix_caching=config.enable_prefix_caching, free_queue=eviction_policy)
+
+
+# NOTE: pluggy never passes an argument that has a default, so the hook implementation names
+# `eviction_policy` without one; `provide_kv_cache` above stays callable with the first three.
+@hookimpl(trylast=True, specname="provide_kv_cache")
+def _provide_kv_cache_hook(config: Any, spec: Any, num_blocks: int, eviction_policy: Any) -> PagedKVCache | None:
+    return provide_kv_cache(config, spec, num_blocks, eviction_policy)

@@ -1,4 +1,5 @@
-"""The waiting queue in the two orders the scheduler knows. Every operation is O(1) or O(log n).
+"""The waiting queue (`modelcall.core.WaitingQueue`) in the two orders the scheduler knows.
+Every operation is O(1) or O(log n).
 
 `push_front` is for a preempted request: it goes back ahead of requests that never ran (FCFS),
 or back into its place by priority (priority).
@@ -9,20 +10,11 @@ import heapq
 import itertools
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import Protocol
 
+from modelcall.core.policies import WaitingQueue
 from modelcall.core.request import Request
 
-
-class WaitingQueue(Protocol):
-    def push(self, request: Request) -> None: ...
-    def push_front(self, request: Request) -> None: ...
-    def peek(self) -> Request: ...
-    def pop(self) -> Request: ...
-    def remove(self, request: Request) -> bool: ...
-    def get(self, request_id: str) -> Request | None: ...
-    def __len__(self) -> int: ...
-    def __iter__(self) -> Iterator[Request]: ...
+__all__ = ["FCFSQueue", "PriorityQueue", "WaitingQueue"]
 
 
 class FCFSQueue:

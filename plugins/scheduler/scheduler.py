@@ -9,6 +9,7 @@ prefill) and decodes are simply requests one token behind.
 from __future__ import annotations
 
 from modelcall.core.plan import ScheduledChunk, SchedulePlan
+from modelcall.core.policies import WaitingQueue
 from modelcall.core.request import Request, Status
 from modelcall.core.stages import KVCachePolicy
 from modelcall.plugins.scheduler.policy import make_waiting_queue, pick_victim
@@ -44,16 +45,18 @@ class DefaultScheduler:
 
     `watermark` is the fraction of all blocks kept free when admitting a new request while
     others run, so that running requests can grow a while before anyone is preempted.
+    `waiting` is an empty `WaitingQueue` giving the admission order (default: the one `policy`
+    names); `policy` still decides which running request is preempted.
     """
 
     def __init__(self, kv: KVCachePolicy, *, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
-                 policy: str = "fcfs", watermark: float = 0.01) -> None:
+                 policy: str = "fcfs", watermark: float = 0.01, waiting: WaitingQueue | None = None) -> None:
         self.kv = kv
         self.policy = policy
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.watermark_blocks = int(watermark * kv.num_blocks)
-        self.waiting = make_waiting_queue(policy)
+        self.waiting = waiting if waiting is not None else make_waiting_queue(policy)
         self.running: dict[str, Request] = {}  # in the order they were (re)admitted
 
     # ---- the Scheduler protocol -------------------------------------------------------------

@@ -36,28 +36,32 @@ def run_through(kv, prompt: list[int]) -> int:
     return req.num_cached_tokens
 
 
-def test_lfu_keeps_the_shared_prefix_that_one_off_prompts_would_evict():
-    kv = modelcall_lfu.LFUKVCache(12, BS, identity="m")
-    cached = [run_through(kv, p) for _, p in workload(200)]
-    assert cached == [0, 2 * BS, 0, 0, 2 * BS]
-    assert kv.num_free_blocks() == 12 and kv.stats()["evictions"] > 0
+def test_the_order_is_fewest_hits_first_then_least_recently_freed():
+    from modelcall.core import EvictionPolicy
+
+    q = modelcall_lfu.LFUEvictionPolicy(4)  # 0 1 2 3 free, no hits
+    assert isinstance(q, EvictionPolicy) and len(q) == 4
+    assert [q.pop(), q.pop(), q.pop()] == [0, 1, 2]
+    q.hit(1)  # a request holding 1 shares it with another (a hit on a held block)
+    q.push(2), q.push(1), q.push(0)
+    q.remove(0), q.hit(0), q.hit(0)  # a prefix hit revives free block 0
+    q.push(0)
+    assert len(q) == 4 and [q.pop() for _ in range(4)] == [3, 2, 1, 0]
+    q.push(0)  # 0 was handed out: its hits started over
+    q.push(1)
+    assert q.pop() == 0
 
 
-def test_prefixes_are_keyed_by_cache_salt_and_never_cover_the_last_token():
-    kv = modelcall_lfu.LFUKVCache(8, BS, identity="m")
-    prompt = tokens(7, 2 * BS)
-    run_through(kv, prompt)
-    assert run_through(kv, prompt) == BS  # the last prompt token is always computed
-    req = Request("salted", prompt + [5], SamplingParams.create(), max_tokens=1, cache_salt="tenant-b")
-    assert kv.match_prefix(req) == 0
-    kv.free(req)
-
-
-def test_allocation_fails_without_changing_anything_when_blocks_run_out():
-    kv = modelcall_lfu.LFUKVCache(2, BS)
-    req = Request("big", tokens(9, 3 * BS), SamplingParams.create(), max_tokens=1)
-    assert not kv.allocate(req, 3 * BS)
-    assert req.block_table == [] and kv.num_free_blocks() == 2
+@pytest.mark.anyio
+async def test_the_builtin_kv_policy_in_lfu_order_keeps_the_shared_prefix_that_lru_loses(make_kernel):
+    cached = {}
+    for name, plugins in (("lfu", [modelcall_lfu]), ("builtin", [])):
+        async with make_kernel(plugins=plugins, num_kv_blocks=12, block_size=BS) as kernel:
+            kv = kernel.kv
+            cached[name] = [run_through(kv, p) for _, p in workload(kernel.spec.vocab_size)]
+            assert kv.num_free_blocks() == 12 and kv.stats()["evictions"] > 0
+    assert cached["lfu"] == [0, 2 * BS, 0, 0, 2 * BS]
+    assert cached["builtin"] == [0, 2 * BS, 0, 0, 0]
 
 
 @pytest.mark.anyio
@@ -69,8 +73,14 @@ async def test_in_a_kernel_lfu_raises_the_hit_rate_over_the_builtin(make_kernel)
             for rid, prompt in workload(kernel.spec.vocab_size):
                 done = await kernel.complete(prompt_token_ids=prompt, request_id=f"{name}-{rid}", max_tokens=1)
                 cached.append(done.usage.cached_tokens)
-            results[name] = (cached, kernel.kv.stats()["hits"], type(kernel.kv))
-    assert results["lfu"][2] is modelcall_lfu.LFUKVCache and results["builtin"][2] is not modelcall_lfu.LFUKVCache
+            results[name] = (cached, kernel.kv.stats()["hits"], kernel.host.providers["eviction_policy"])
+    assert results["lfu"][2] == "modelcall_lfu" and results["builtin"][2] != "modelcall_lfu"
     assert results["lfu"][0] == [0, 2 * BS, 0, 0, 2 * BS]
     assert results["builtin"][0][-1] == 0  # LRU evicted the system prompt for the documents
     assert results["lfu"][1] > results["builtin"][1]
+
+
+@pytest.mark.anyio
+async def test_lfu_declines_when_another_eviction_policy_is_named(make_kernel):
+    async with make_kernel(plugins=[modelcall_lfu], eviction_policy="lru") as kernel:
+        assert kernel.host.providers["eviction_policy"] != "modelcall_lfu"

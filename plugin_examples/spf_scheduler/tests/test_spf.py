@@ -36,12 +36,29 @@ async def test_spf_completes_requests_shortest_prompt_first_where_the_builtin_ke
     assert spf_texts == fcfs_texts  # only the order changed, not what was computed
 
 
-async def test_spf_is_the_stage_that_answered_and_declines_when_another_is_named(make_kernel):
+async def test_spf_is_the_waiting_queue_that_answered_and_declines_when_another_is_named(make_kernel):
     async with make_kernel(plugins=[modelcall_spf]) as kernel:
-        assert isinstance(kernel.scheduler, modelcall_spf.ShortestPromptFirst)
-        assert kernel.host.providers["scheduler"] == "modelcall_spf"
-    async with make_kernel(plugins=[modelcall_spf], scheduler="default") as kernel:
-        assert not isinstance(kernel.scheduler, modelcall_spf.ShortestPromptFirst)
+        assert kernel.host.providers["waiting_queue"] == "modelcall_spf"
+        assert kernel.host.providers["scheduler"] != "modelcall_spf"  # the built-in scheduler, our order
+    async with make_kernel(plugins=[modelcall_spf], waiting_queue="default") as kernel:
+        assert kernel.host.providers["waiting_queue"] != "modelcall_spf"
+
+
+def test_the_queue_orders_by_prompt_length_and_puts_preempted_requests_first():
+    from modelcall.core import Request, SamplingParams, WaitingQueue
+
+    def req(rid, n):
+        return Request(rid, list(range(3, 3 + n)), SamplingParams.create(), max_tokens=1)
+
+    q = modelcall_spf.ShortestPromptFirst()
+    assert isinstance(q, WaitingQueue)
+    long, short, tiny, ran = req("long", 50), req("short", 10), req("tiny", 3), req("ran", 40)
+    for r in (long, short, tiny):
+        q.push(r)
+    q.push_front(ran)
+    assert [r.request_id for r in q] == ["ran", "tiny", "short", "long"] and len(q) == 4
+    assert q.remove(tiny) and not q.remove(tiny) and q.get("tiny") is None and q.get("long") is long
+    assert q.pop() is ran and q.peek() is short and q.pop() is short and q.pop() is long and len(q) == 0
 
 
 async def generate_all(make_kernel, **config):
