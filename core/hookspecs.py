@@ -97,29 +97,41 @@ def provide_constraint_backend(config: Any, tokenizer: Any, model_dir: str) -> A
 # ---- registration hooks ---------------------------------------------------------------------
 
 @hookspec
-def register_observers(register: Any, config: Any) -> None:
+def register_observers(register: Any, config: Any, kernel: Any) -> None:
     """Call `register(event_type, observer, name=None)` for each observer.
 
     `observer(event)` runs inline after each engine step and must take microseconds; wrap slow
     work in `modelcall.events.OffloadedObserver`. `event_type` may be a base class (`Event`
-    observes every request event) or a tuple of types."""
+    observes every request event) or a tuple of types.
+
+    `kernel` is the Kernel being started (stages assembled, engine not yet running); keep
+    per-kernel state in `kernel.plugin_state[<plugin name>]`, never in module globals. `kernel`
+    was added after `config`: implementations that do not name it keep working."""
 
 
 @hookspec
-def register_safety_filters(register: Any, config: Any) -> None:
+def register_safety_filters(register: Any, config: Any, kernel: Any) -> None:
     """Call `register(filter)` for each safety filter (`modelcall.core.safety.SafetyFilter`):
     `check_input(text)` refuses a prompt before any compute (400 with the reason);
     `output_filter(request)` gives a per-request streaming filter run inline each step, which
-    may redact text or end the request with finish reason `content_filter`."""
+    may redact text or end the request with finish reason `content_filter`.
+
+    `kernel` is the Kernel being started (stages assembled, engine not yet running); keep
+    per-kernel state in `kernel.plugin_state[<plugin name>]`, never in module globals. `kernel`
+    was added after `config`: implementations that do not name it keep working."""
 
 
 @hookspec
-def register_meters(register: Any, config: Any) -> None:
+def register_meters(register: Any, config: Any, kernel: Any) -> None:
     """Call `register(meter)` for each meter (`modelcall.core.metering.Meter`): `observe(event)`
     receives each request's terminal event (Finished, RequestFailed, RequestRejected) and turns
     usage into a figure (a cost, a quota charge, a row in a file). An optional
     `reserve(admission)` is called at admission, before any compute, and may refuse by raising
-    `Overloaded` (429) or `PermissionDenied` (403)."""
+    `Overloaded` (429) or `PermissionDenied` (403).
+
+    `kernel` is the Kernel being started (stages assembled, engine not yet running); keep
+    per-kernel state in `kernel.plugin_state[<plugin name>]`, never in module globals. `kernel`
+    was added after `config`: implementations that do not name it keep working."""
 
 
 @hookspec
@@ -146,16 +158,21 @@ def register_commands(register: Any) -> None:
 def register_routes(register: Any, config: Any, kernel: Any) -> None:
     """Call `register(method, path, handler)` for each extra HTTP route of `modelcall serve`.
 
-    `kernel` is the started Kernel the server serves (a handler reads its state from it).
+    `kernel` is the started Kernel the server serves (a handler reads its state from it, and
+    the plugin its own from `kernel.plugin_state`).
     `kernel` was added after `config`: implementations that do not name it keep working."""
 
 
 @hookspec
-def register_middlewares(register: Any, config: Any) -> None:
+def register_middlewares(register: Any, config: Any, kernel: Any) -> None:
     """Call `register(middleware, order=0)` for each aiohttp middleware of `modelcall serve`
     (lower order runs first, i.e. outermost). They run inside the front end's error handling:
     raise `modelcall.core.ModelcallError` subclasses or aiohttp HTTP errors and the client gets
-    the route's protocol error shape."""
+    the route's protocol error shape.
+
+    `kernel` is the started Kernel the server serves (a middleware publishes on its bus, the plugin
+    finds its state in `kernel.plugin_state`). `kernel` was added after `config`: implementations
+    that do not name it keep working."""
 
 
 # ---- lifecycle hooks ------------------------------------------------------------------------

@@ -68,6 +68,10 @@ class Kernel:
         self._tg: anyio.abc.TaskGroup | None = None
         self._draining = False
         self.started_at: float | None = None
+        # Room for plugins' per-kernel state, keyed by plugin name; never read by the kernel. The
+        # registration and lifecycle hooks get the kernel, so a plugin finds its own state here
+        # (not in module globals: two kernels in one process, even on one config, stay apart).
+        self.plugin_state: dict[str, Any] = {}
 
     @classmethod
     def from_config(cls, config: KernelConfig | dict | None = None, **kwargs: Any) -> Kernel:
@@ -130,11 +134,11 @@ class Kernel:
         self.model_dir = cfg.model or await anyio.to_thread.run_sync(
             lambda: host.provide("provide_model_dir", "model", config=cfg))
         await anyio.to_thread.run_sync(self._assemble)
-        for _plugin, args, kw in host.collect("register_observers", config=cfg):
+        for _plugin, args, kw in host.collect("register_observers", config=cfg, kernel=self):
             event_type, observer = args[0], args[1]
             self.bus.subscribe(event_type, observer, kw.get("name") or (args[2] if len(args) > 2 else _plugin))
-        self.safety_filters = [(p, a[0]) for p, a, _ in host.collect("register_safety_filters", config=cfg)]
-        self.meters = [(p, a[0]) for p, a, _ in host.collect("register_meters", config=cfg)]
+        self.safety_filters = [(p, a[0]) for p, a, _ in host.collect("register_safety_filters", config=cfg, kernel=self)]
+        self.meters = [(p, a[0]) for p, a, _ in host.collect("register_meters", config=cfg, kernel=self)]
         for name, meter in self.meters:  # meters settle on each request's terminal event
             self.bus.subscribe(TERMINAL_EVENTS, meter.observe, f"{name}.meter")
         self._reservers = [m for _, m in self.meters if hasattr(m, "reserve")]

@@ -39,7 +39,7 @@ def served(tmp_path_factory):
 
 
 def _wait_rows(server, db, n: int, timeout: float = 20.0) -> list[dict]:
-    observer, _ = ledger_of(server.kernel.config)
+    observer, _ = ledger_of(server.kernel)
     deadline = time.monotonic() + timeout
     while True:
         observer.flush()

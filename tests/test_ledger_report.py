@@ -132,7 +132,7 @@ def test_report_of_a_tool_task_over_http_records_the_returned_tool_result(tmp_pa
             "model": model, "messages": msgs, "tools": TOOLS, "max_tokens": 32}).json()
         assert b2["choices"][0]["finish_reason"] == "stop"
         time.sleep(0.2)
-        ledger_of(server.kernel.config)[0].flush()
+        ledger_of(server.kernel)[0].flush()
     out = subprocess.run([MODELCALL, "report", "http-trip", "--ledger", str(db), "--json"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -156,7 +156,7 @@ def test_a_concurrent_burst_gets_exactly_the_requests_per_minute_and_429_with_re
         assert int(r.headers["Retry-After"]) >= 1
         assert r.json()["error"]["type"] == "rate_limit_error"
     # The refusals are in the ledger under the key's name, before any compute (no tokens).
-    observer, _ = ledger_of(server.kernel.config)
+    observer, _ = ledger_of(server.kernel)
     observer.flush()
     with open_readonly(server.ledger) as conn:
         rows = conn.execute("SELECT status, COUNT(*), SUM(completion_tokens) FROM requests WHERE key_name = 'burst' "

@@ -21,33 +21,14 @@ def register_meters(register: Any, config: Any) -> None:
         register(QuotaBook())
 
 
-# NOTE: keyed by id(config): startup, shutdown and register_middlewares all see the kernel's own config.
-_KERNELS: dict[int, Any] = {}
-
-
 @hookimpl(trylast=True)
-def startup(kernel: Any) -> None:
-    if keys_file(kernel.config):
-        _KERNELS[id(kernel.config)] = kernel
-
-
-@hookimpl(trylast=True)
-def shutdown(kernel: Any) -> None:
-    _KERNELS.pop(id(kernel.config), None)
-
-
-@hookimpl(trylast=True)
-def register_middlewares(register: Any, config: Any) -> None:
+def register_middlewares(register: Any, config: Any, kernel: Any) -> None:
     path = keys_file(config)
     if path:
         from modelcall.plugins.auth.middleware import auth_middleware  # aiohttp only where served
 
-        key = id(config)
-
         def publish(event: Any) -> None:  # refusals reach the metrics, the ledger and the request log
-            kernel = _KERNELS.get(key)
-            if kernel is not None:
-                kernel.bus.publish((event,))
+            kernel.bus.publish((event,))
 
         register(auth_middleware(KeyStore.load(path), publish=publish), order=-100)
 

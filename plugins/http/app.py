@@ -3,7 +3,7 @@
     app = create_app(kernel, ServerSettings(), middlewares=[...], routes=[...])
 
 Other plugins extend it through hooks: `register_routes(register, config, kernel)` adds routes and
-`register_middlewares(register, config)` adds aiohttp middlewares (inside the error middleware,
+`register_middlewares(register, config, kernel)` adds aiohttp middlewares (inside the error middleware,
 so an `ApiError` they raise is answered in the route's protocol shape). Each request carries
 `request[RECEIVED]` (monotonic time the front end saw it) for timing.
 """
@@ -77,7 +77,7 @@ def _from_hooks(kernel: Kernel) -> tuple[list[Any], list[RouteSpec]]:
     routes = [tuple(args[:3]) for _plugin, args, _kw in host.collect("register_routes", config=kernel.config, kernel=kernel)]
     mws: list[tuple[int, Any]] = []
     if hasattr(host.pm.hook, "register_middlewares"):
-        for _plugin, args, kw in host.collect("register_middlewares", config=kernel.config):
+        for _plugin, args, kw in host.collect("register_middlewares", config=kernel.config, kernel=kernel):
             mws.append((kw.get("order", args[1] if len(args) > 1 else 0), args[0]))
     return [m for _, m in sorted(mws, key=lambda x: x[0])], routes  # type: ignore[misc]
 

@@ -40,7 +40,7 @@ def _policy_from_body(raw: bytes) -> str | None:
     return policy if isinstance(policy, str) else None
 
 
-def exchange_middleware(kernel_of: Callable[[], Any]) -> Callable[..., Any]:
+def exchange_middleware(kernel: Any) -> Callable[..., Any]:
     @web.middleware
     async def records(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                       ) -> web.StreamResponse:
@@ -70,31 +70,13 @@ def exchange_middleware(kernel_of: Callable[[], Any]) -> Callable[..., Any]:
             status = 499
             raise
         finally:
-            kernel = kernel_of()
-            if kernel is not None:
-                kernel.bus.publish([ResponseSent(request_id=h.request_id, task_id=h.task_id, status=status)
-                                    for h in handles])
+            kernel.bus.publish([ResponseSent(request_id=h.request_id, task_id=h.task_id, status=status)
+                                for h in handles])
         return response
 
     return records
 
 
-# NOTE: keyed by id(config): startup, shutdown and register_middlewares all see the kernel's own
-# config object, so the middleware publishes on its own kernel's bus.
-_KERNELS: dict[int, Any] = {}
-
-
 @hookimpl(trylast=True)
-def startup(kernel: Any) -> None:
-    _KERNELS[id(kernel.config)] = kernel
-
-
-@hookimpl(trylast=True)
-def shutdown(kernel: Any) -> None:
-    _KERNELS.pop(id(kernel.config), None)
-
-
-@hookimpl(trylast=True)
-def register_middlewares(register: Any, config: Any) -> None:
-    key = id(config)
-    register(exchange_middleware(lambda: _KERNELS.get(key)), order=-50)
+def register_middlewares(register: Any, kernel: Any) -> None:
+    register(exchange_middleware(kernel), order=-50)

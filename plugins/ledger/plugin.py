@@ -14,9 +14,7 @@ from typing import Any
 from modelcall.core import hookimpl
 from modelcall.events import OffloadedObserver
 
-# NOTE: keyed by id(config): register_observers and shutdown both see the kernel's own config
-# object, so each kernel in a process has its own ledger.
-_BY_CONFIG: dict[int, tuple[OffloadedObserver, Any]] = {}
+NAME = "ledger"  # the key of this plugin's state in `kernel.plugin_state`: (observer, recorder)
 
 
 def settings(config: Any) -> dict[str, Any]:
@@ -24,7 +22,7 @@ def settings(config: Any) -> dict[str, Any]:
 
 
 @hookimpl(trylast=True)
-def register_observers(register: Any, config: Any) -> None:
+def register_observers(register: Any, config: Any, kernel: Any) -> None:
     cfg = settings(config)
     if not cfg.get("path"):
         return
@@ -33,18 +31,18 @@ def register_observers(register: Any, config: Any) -> None:
     recorder = Recorder(cfg["path"])
     observer = OffloadedObserver(handle_batch=recorder.handle_batch, maxsize=int(cfg.get("queue", 10_000)),
                                  name="ledger", max_batch=int(cfg.get("batch", 512)))
-    _BY_CONFIG[id(config)] = (observer, recorder)
+    kernel.plugin_state[NAME] = (observer, recorder)
     register(EVENT_TYPES, observer, name="ledger")
 
 
-def ledger_of(config: Any) -> tuple[OffloadedObserver, Any] | None:
-    """(observer, recorder) of the kernel with this config, for flushing in tests and tools."""
-    return _BY_CONFIG.get(id(config))
+def ledger_of(kernel: Any) -> tuple[OffloadedObserver, Any] | None:
+    """(observer, recorder) of this kernel's ledger (None when off or stopped), for flushing in tests and tools."""
+    return kernel.plugin_state.get(NAME)
 
 
 @hookimpl(trylast=True)
 def shutdown(kernel: Any) -> None:
-    entry = _BY_CONFIG.pop(id(kernel.config), None)
+    entry = kernel.plugin_state.pop(NAME, None)
     if entry is not None:
         observer, recorder = entry
         observer.close()

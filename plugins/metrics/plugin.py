@@ -10,9 +10,7 @@ from modelcall.core import hookimpl
 from modelcall.events import Finished, Preempted, RequestFailed, RequestRejected, TokensEmitted
 from modelcall.plugins.metrics.metrics import KernelMetrics
 
-# NOTE: keyed by id(config): register_observers, startup and register_routes all receive the
-# kernel's own KernelConfig object, so each kernel in a process gets its own registry.
-_BY_CONFIG: dict[int, KernelMetrics] = {}
+NAME = "metrics"  # the key of this plugin's state in `kernel.plugin_state`: the kernel's KernelMetrics
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -20,15 +18,15 @@ def enabled(config: Any) -> bool:
     return ((getattr(config, "plugin_config", None) or {}).get("metrics") or {}).get("enabled", True) is not False
 
 
-def metrics_for(config: Any) -> KernelMetrics | None:
-    return _BY_CONFIG.get(id(config))
+def metrics_for(kernel: Any) -> KernelMetrics | None:
+    return kernel.plugin_state.get(NAME)
 
 
 @hookimpl(trylast=True)
-def register_observers(register: Any, config: Any) -> None:
+def register_observers(register: Any, config: Any, kernel: Any) -> None:
     if not enabled(config):
         return
-    m = _BY_CONFIG[id(config)] = KernelMetrics()
+    m = kernel.plugin_state[NAME] = KernelMetrics()
     register(TokensEmitted, m.on_tokens, name="metrics")
     register(Finished, m.on_finished, name="metrics")
     register(RequestFailed, m.on_failed, name="metrics")
@@ -38,19 +36,19 @@ def register_observers(register: Any, config: Any) -> None:
 
 @hookimpl(trylast=True)
 def startup(kernel: Any) -> None:
-    m = metrics_for(kernel.config)
+    m = metrics_for(kernel)
     if m is not None:
         m.attach(kernel)
 
 
 @hookimpl(trylast=True)
 def shutdown(kernel: Any) -> None:
-    _BY_CONFIG.pop(id(kernel.config), None)
+    kernel.plugin_state.pop(NAME, None)
 
 
 @hookimpl(trylast=True)
-def register_routes(register: Any, config: Any) -> None:
-    m = metrics_for(config)
+def register_routes(register: Any, kernel: Any) -> None:
+    m = metrics_for(kernel)
     if m is None:
         return
     from aiohttp import web  # only where served

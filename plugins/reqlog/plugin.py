@@ -16,7 +16,7 @@ from modelcall.core import hookimpl
 from modelcall.events import Finished, OffloadedObserver, RequestAdmitted, RequestFailed, RequestRejected, ToolRequested
 
 log = logging.getLogger("modelcall.requests")
-_BY_CONFIG: dict[int, OffloadedObserver] = {}
+NAME = "request_log"  # the key of this plugin's state in `kernel.plugin_state`: its OffloadedObserver
 
 
 def settings(config: Any) -> dict[str, Any]:
@@ -77,24 +77,24 @@ class RequestLog:
 
 
 @hookimpl(trylast=True)
-def register_observers(register: Any, config: Any) -> None:
+def register_observers(register: Any, config: Any, kernel: Any) -> None:
     cfg = settings(config)
     if cfg.get("enabled", True) is False:
         return
     writer = RequestLog(cfg.get("path"), bool(cfg.get("include_text", False)))
     observer = OffloadedObserver(writer.handle, maxsize=int(cfg.get("queue", 10_000)), name="request_log")
     observer.writer = writer  # type: ignore[attr-defined]
-    _BY_CONFIG[id(config)] = observer
+    kernel.plugin_state[NAME] = observer
     register((RequestAdmitted, ToolRequested, Finished, RequestFailed, RequestRejected), observer, name="request_log")
 
 
-def log_of(config: Any) -> OffloadedObserver | None:
-    return _BY_CONFIG.get(id(config))
+def log_of(kernel: Any) -> OffloadedObserver | None:
+    return kernel.plugin_state.get(NAME)
 
 
 @hookimpl(trylast=True)
 def shutdown(kernel: Any) -> None:
-    observer = _BY_CONFIG.pop(id(kernel.config), None)
+    observer = kernel.plugin_state.pop(NAME, None)
     if observer is not None:
         observer.close()
         observer.writer.close()  # type: ignore[attr-defined]
