@@ -57,7 +57,7 @@ def test_a_subset_implementation_works_against_a_grown_spec():
     pm.register(plugin)
     pm.check_pending()
     extra = {"added_in_a_later_release": "new"}
-    assert pm.hook.provide_scheduler(config=KernelConfig(), kv_cache="kv", **extra) == "sched"
+    assert pm.hook.provide_scheduler(config=KernelConfig(), kv_cache="kv", waiting_queue=None, **extra) == "sched"
     assert pm.hook.provide_tokenizer(config=KernelConfig(), model_dir="/m", **extra) == "tok:/m"
     got = []
     pm.hook.register_tools(register=got.append, **extra)
