@@ -39,6 +39,16 @@ def test_greedy_temperature_zero_and_top_k_one_pick_the_argmax():
     assert [out[i] for i in (0, 2, 3, 4)] == [best[i] for i in (0, 2, 3, 4)]
 
 
+def test_fast_argmax_equals_max_including_ties():
+    from modelcall.plugins.sampler.sampler import argmax
+    for dtype in (torch.float32, torch.bfloat16):
+        for vocab in (32000, 5000, 50):
+            x = torch.randn(7, vocab, generator=torch.Generator().manual_seed(vocab)).to(dtype)
+            x[2, 10] = x[2, vocab - 3] = 40.0     # a tie across blocks: the first wins
+            x[4, 300 % vocab] = x[4, 301 % vocab] = 40.0   # and within one block
+            assert torch.equal(argmax(x), x.max(-1).indices)
+
+
 def test_same_seed_same_tokens_whatever_the_batch():
     x = logits_rows(4, seed=1)
     a = chunk(temperature=1.0, seed=42)

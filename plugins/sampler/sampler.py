@@ -41,7 +41,7 @@ class TorchSampler:
         forbid = [_forbidden(r) for r in reqs]
         processed = any(forbid) or any(r.logits_processors for r in reqs) or any(_has_penalty(p) for p in params)
         if not want_lp and not processed and all(p.greedy for p in params):
-            return logits.max(-1).indices.tolist(), None   # NOTE: max(-1) is cheaper than argmax on CPU
+            return argmax(logits).tolist(), None
         logits = logits.float()
         raw_logprobs = torch.log_softmax(logits, -1) if want_lp else None
         x = logits.clone() if processed else logits
@@ -98,7 +98,7 @@ class TorchSampler:
     # ---- choosing -----------------------------------------------------------------------------
 
     def _choose(self, x: torch.Tensor, reqs: list[Any]) -> list[int]:
-        tokens = x.max(-1).indices
+        tokens = argmax(x)
         rows = [i for i, r in enumerate(reqs) if not r.params.greedy]
         if rows:
             idx = torch.tensor(rows, device=x.device)
@@ -156,6 +156,25 @@ class TorchSampler:
                 top = tuple(TokenLogprob(t, l) for t, l in zip(top_i[k][:p.logprobs], top_v[k][:p.logprobs]))
             out.append(PositionLogprobs(token_id=tokens[k], logprob=chosen[k], top=top))
         return out
+
+
+def argmax(x: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+    """Row-wise index of the first maximum, as `x.max(-1).indices`, faster on CPU.
+
+    NOTE: torch's max-with-index over 32000 columns is a scalar loop (~0.9 ms for 32 rows here, more
+    than `argmax` would suggest and 2-3% of a decode step); the vectorized `amax` over fixed-size
+    column blocks finds the block holding each row's first maximum, then a max within that block.
+    """
+    n, vocab = x.shape
+    if x.device.type != "cpu" or vocab < 16 * chunk:
+        return x.max(-1).indices
+    x = x.float()
+    if vocab % chunk:
+        x = torch.nn.functional.pad(x, (0, chunk - vocab % chunk), value=NEG_INF)
+    blocks = x.view(n, -1, chunk)
+    best = blocks.amax(-1).max(-1).indices                       # first block holding the row maximum
+    inner = blocks[torch.arange(n), best].max(-1).indices
+    return best * chunk + inner
 
 
 def _top_k_top_p(x: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
