@@ -63,7 +63,7 @@ def render(module: ModuleType = default_specs) -> str:
             continue
         out += [f"## {title}", "", intro, ""]
         for _kind, name, sig, doc, firstresult in rows:
-            out += [f"### `{name}`", "", "```python", f"@hookimpl", f"def {name}{_plain(sig)}: ...", "```", ""]
+            out += [f"### `{name}`", "", "```python", "@hookimpl", f"def {name}{_plain(sig)}: ...", "```", ""]
             args = ", ".join(f"`{p}`" for p in sig.parameters) or "none"
             out += [f"Arguments: {args}." + (" `firstresult`: the first non-`None` answer wins." if firstresult else ""),
                     "", doc, ""]

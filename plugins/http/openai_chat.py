@@ -19,7 +19,7 @@ from modelcall.plugins.http.schemas_openai import (
 from modelcall.plugins.http.timing import server_timing
 from modelcall.plugins.http.tool_calls import openai_calls, openai_deltas, openai_options, task_id_of
 from modelcall.plugins.http.service import (
-    Generation, ServingContext, check_outcome, close_all, events_of, sampling_params, total_usage, unix_time,
+    Generation, ServingContext, check_outcome, close_all, events_of, read_whole, sampling_params, total_usage, unix_time,
 )
 
 RESERVED_TEMPLATE_KWARGS = {"messages", "tools", "add_generation_prompt", "tokenize", "conversation", "documents"}
@@ -105,12 +105,7 @@ def _arguments(arguments: str) -> Any:
 
 async def _whole(ctx: ServingContext, gens: list[Generation], rid: str, model: str,
                  want_logprobs: bool) -> web.Response:
-    async for i, ev in events_of([g.handle for g in gens]):
-        if type(ev) is TokensEmitted:
-            gens[i].on_tokens(ev)
-        elif type(ev) is Finished or type(ev) is RequestFailed:
-            check_outcome(ev)
-            gens[i].on_finished(ev)
+    await read_whole(gens)
     choices = [ChatChoice(index=g.index, message=ChatMessage(
                               role="assistant", content=g.text if g.text or not g.tool_calls else None,
                               reasoning_content=g.reasoning_text,

@@ -12,7 +12,7 @@ from modelcall.plugins.http.errors import ApiError, sse_error_payload
 from modelcall.plugins.http.openai_common import completion_logprobs, finish_reason, sampling_fields, usage_info
 from modelcall.plugins.http.schemas_openai import Completion, CompletionChoice, CompletionRequest, encoder
 from modelcall.plugins.http.service import (
-    Generation, ServingContext, check_outcome, close_all, events_of, sampling_params, unix_time,
+    Generation, ServingContext, check_outcome, close_all, events_of, read_whole, sampling_params, unix_time,
 )
 
 
@@ -65,12 +65,7 @@ def _usage(gens: list[Generation], n: int) -> Usage:
 
 async def _whole(ctx: ServingContext, body: CompletionRequest, gens: list[Generation], echoes: list[str],
                  rid: str, model: str) -> web.Response:
-    async for i, ev in events_of([g.handle for g in gens]):
-        if type(ev) is TokensEmitted:
-            gens[i].on_tokens(ev)
-        elif type(ev) is Finished or type(ev) is RequestFailed:
-            check_outcome(ev)
-            gens[i].on_finished(ev)
+    await read_whole(gens)
     choices = [CompletionChoice(index=g.index, text=echoes[g.index] + g.text, finish_reason=finish_reason(g.finished.reason),
                                 logprobs=completion_logprobs(ctx, g.logprobs, len(echoes[g.index]))
                                 if body.logprobs is not None else None)

@@ -186,6 +186,17 @@ def total_usage(gens: Sequence[Generation]) -> Usage:
                  reasoning_tokens=sum(g.reasoning_tokens for g in gens))
 
 
+async def read_whole(gens: Sequence[Any]) -> None:
+    """Read every choice of a non-streamed answer to its end (each `Generation` keeps its own text,
+    usage and finish); a failed request raises through `check_outcome`."""
+    async for i, ev in events_of([g.handle for g in gens]):
+        if type(ev) is TokensEmitted:
+            gens[i].on_tokens(ev)
+        elif type(ev) is Finished or type(ev) is RequestFailed:
+            check_outcome(ev)
+            gens[i].on_finished(ev)
+
+
 async def events_of(handles: Sequence[RequestHandle]) -> AsyncIterator[tuple[int, Any]]:
     """(choice index, event) of several handles as they come; one handle is read directly."""
     if len(handles) == 1:
