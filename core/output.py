@@ -12,14 +12,18 @@ from modelcall.core.stages import IncrementalDetokenizer
 class OutputState:
     """Per-request output bookkeeping, advanced once per sampled token."""
 
-    __slots__ = ("detok", "stops", "held", "text", "include_stop")
+    __slots__ = ("detok", "stops", "held", "pieces", "include_stop")
 
     def __init__(self, detok: IncrementalDetokenizer, stops: tuple[str, ...], include_stop: bool) -> None:
         self.detok = detok
         self.stops = stops
         self.include_stop = include_stop
         self.held = ""     # decided-not-yet text that could still start a stop string
-        self.text = ""     # everything emitted so far
+        self.pieces: list[str] = []  # everything emitted so far (joined once, at the end: O(n) not O(n^2))
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
 
     def on_token(self, request: Request, token_id: int, window: int) -> tuple[str, str | None, str | int | None]:
         """Account for one newly appended token; return (text to emit, finish reason, stop reason)."""
@@ -45,7 +49,8 @@ class OutputState:
         return self._emit(piece), None, None
 
     def _emit(self, text: str) -> str:
-        self.text += text
+        if text:
+            self.pieces.append(text)
         return text
 
     def _finish(self, tail: str) -> str:

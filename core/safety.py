@@ -102,7 +102,7 @@ class FilteredOutputState(OutputState):
         self.chain = chain
 
     def _emit(self, text: str) -> str:
-        return text  # NOTE: `self.text` keeps what the filters released, added in on_token/close
+        return text  # NOTE: `self.pieces` keeps what the filters released, added in on_token/close
 
     def on_token(self, request: Request, token_id: int, window: int) -> tuple[str, str | None, Any]:
         text, reason, stop_reason = super().on_token(request, token_id, window)
@@ -110,7 +110,8 @@ class FilteredOutputState(OutputState):
         if chain.blocked is not None:  # already ended; nothing more is released
             return "", "content_filter", chain.blocked
         out = chain.push(text, final=reason is not None)
-        self.text += out
+        if out:
+            self.pieces.append(out)
         if chain.blocked is not None:
             return out, "content_filter", chain.blocked
         return out, reason, stop_reason
@@ -120,7 +121,8 @@ class FilteredOutputState(OutputState):
         if self.chain.blocked is not None:
             return ""
         out = self.chain.push(tail, final=True)
-        self.text += out
+        if out:
+            self.pieces.append(out)
         return out
 
 
