@@ -1,0 +1,68 @@
+"""bf16 CPU linears: pre-packed weights and fused sibling GEMMs (q/k/v, gate/up) give the same numbers."""
+import copy
+
+import pytest
+import torch
+
+from modelcall.plugins.runner import packing
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch build")
+
+
+class Block(torch.nn.Module):
+    def __init__(self, bias: bool) -> None:
+        super().__init__()
+        self.q_proj = torch.nn.Linear(64, 64, bias=bias)
+        self.k_proj = torch.nn.Linear(64, 32, bias=bias)
+        self.v_proj = torch.nn.Linear(64, 32, bias=bias)
+        self.gate_proj = torch.nn.Linear(64, 96, bias=False)
+        self.up_proj = torch.nn.Linear(64, 96, bias=False)
+        self.down_proj = torch.nn.Linear(96, 64, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        h = x + q * torch.cat([k, v], -1)
+        return self.down_proj(torch.nn.functional.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+def pack_separately(model, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(packing, "fuse_siblings", lambda *a, **k: 0)
+        packing.pack_linears(model)
+    assert isinstance(model.get_submodule(next(n for n, _ in model.named_modules() if n.endswith("k_proj"))),
+                      packing.PackedLinear)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_siblings_equal_separate_packed_linears(bias, monkeypatch):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(Block(bias), Block(bias)).to(torch.bfloat16)
+    separate, fused = copy.deepcopy(model), copy.deepcopy(model)
+    pack_separately(separate, monkeypatch)
+    assert packing.fuse_siblings(fused, threads=2) == 4
+    packing.pack_linears(fused)
+    assert isinstance(fused[0].k_proj, packing.FusedPart) and isinstance(fused[1].up_proj, packing.FusedPart)
+    assert isinstance(fused[0].down_proj, packing.PackedLinear)
+    with torch.inference_mode():
+        for rows in (1, 5, 32, 70):
+            x = torch.randn(1, rows, 64).to(torch.bfloat16)
+            assert torch.equal(fused(x), separate(x))
+            assert fused[0].q_proj.fused._x is None   # nothing held once every sibling read its slice
+
+
+def test_gate_up_stay_separate_on_one_thread():
+    model = Block(False).to(torch.bfloat16)
+    assert packing.fuse_siblings(model, threads=1) == 1
+    assert isinstance(model.q_proj, packing.FusedPart) and type(model.gate_proj) is torch.nn.Linear
+
+
+def test_fused_demo_model_logits_equal_unfused(demo_model_dir, monkeypatch):
+    from transformers import AutoModelForCausalLM
+    base = AutoModelForCausalLM.from_pretrained(demo_model_dir, local_files_only=True, dtype=torch.bfloat16).eval()
+    separate, fused = copy.deepcopy(base), copy.deepcopy(base)
+    pack_separately(separate, monkeypatch)
+    assert packing.fuse_siblings(fused, threads=2) > 0
+    packing.pack_linears(fused)
+    ids = torch.randint(0, base.config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        assert torch.equal(fused(ids).logits, separate(ids).logits)
