@@ -63,6 +63,31 @@ def test_fused_demo_model_logits_equal_unfused(demo_model_dir, monkeypatch):
     pack_separately(separate, monkeypatch)
     assert packing.fuse_siblings(fused, threads=2) > 0
     packing.pack_linears(fused)
+    mlp = fused.model.layers[0].mlp
+    assert isinstance(mlp.forward, packing.SerialGatedMLP)   # silu and product in row chunks, one thread
     ids = torch.randint(0, base.config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         assert torch.equal(fused(ids).logits, separate(ids).logits)
+        long = torch.randint(0, base.config.vocab_size, (1, 300), generator=torch.Generator().manual_seed(2))
+        assert torch.equal(fused(long).logits, separate(long).logits)   # several row chunks
+
+
+class GeluMLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(64, 96, bias=False)
+        self.up_proj = torch.nn.Linear(64, 96, bias=False)
+        self.down_proj = torch.nn.Linear(96, 64, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(torch.nn.functional.gelu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def test_serial_mlp_only_where_it_gives_the_same_numbers():
+    torch.manual_seed(0)
+    model = GeluMLP().to(torch.bfloat16)
+    assert packing.fuse_siblings(model, threads=2) == 1
+    assert "forward" not in model.__dict__               # not a SiLU-gated MLP: its own forward stays
+    x = torch.randn(1, 7, 64).to(torch.bfloat16)
+    with torch.inference_mode():
+        assert model(x).shape == (1, 7, 64)
