@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterable
@@ -18,10 +17,11 @@ import msgspec
 
 from modelcall.core.config import KernelConfig
 from modelcall.core.engine import Engine, RequestRecord
+from modelcall.core.entry import answered_calls, prompt_token_ids_of, resolve_max_tokens
 from modelcall.core.admission import admit_chat, check_policy
 from modelcall.core.context import message_text
 from modelcall.core.errors import (
-    ConfigError, ContentBlocked, ContextOverflow, InvalidRequest, ModelNotFound, Overloaded, PermissionDenied,
+    ConfigError, ContentBlocked, InvalidRequest, ModelNotFound, Overloaded, PermissionDenied,
     Unavailable,
 )
 from modelcall.core.handle import Completion, RequestHandle
@@ -263,7 +263,8 @@ class Kernel:
                 if blocked is not None:
                     raise ContentBlocked(*blocked)
             policy = check_policy(context_policy)
-            ids = await self._prompt_ids(prompt, messages, tools, prompt_token_ids, chat_template_kwargs)
+            ids = await prompt_token_ids_of(self.tokenizer, self.spec.vocab_size, prompt, messages, tools,
+                                            prompt_token_ids, chat_template_kwargs)
             prepared = None
             if self.tools is not None:
                 eos, ts = self.spec.eos_token_ids | self.tokenizer.eos_token_ids, self.tools
@@ -272,7 +273,7 @@ class Kernel:
                     response_format=response_format, parallel_tool_calls=parallel_tool_calls,
                     tool_parser=tool_parser, logits_processors=logits_processors))
             if messages is not None:
-                tok, budget = self.tokenizer, (lambda n: self._budget(n, params))
+                tok, budget = self.tokenizer, (lambda n: resolve_max_tokens(n, params, self.window, self.kv))
                 chat = await anyio.to_thread.run_sync(
                     lambda: admit_chat(tok, messages, tools, chat_template_kwargs, ids, budget, policy))
                 ids, parts, max_tokens = chat.ids, chat.parts, chat.max_tokens
@@ -280,7 +281,7 @@ class Kernel:
                     context = {"policy": policy, "dropped_messages": chat.dropped_messages,
                                "dropped_tokens": chat.dropped_tokens}
             else:
-                max_tokens = self._budget(len(ids), params)
+                max_tokens = resolve_max_tokens(len(ids), params, self.window, self.kv)
             # NOTE: requests admitted while a step runs wait in the engine's inbox, not yet in the
             # scheduler: those beyond the free running slots will wait, and a burst would overshoot
             # max_queued if they were not counted.
@@ -318,7 +319,7 @@ class Kernel:
                             prompt_tokens=len(ids), max_tokens=max_tokens, priority=priority,
                             caller=caller.name if caller is not None else None, prompt_parts=parts,
                             dropped_messages=context["dropped_messages"] if context else 0, retries=retries,
-                            tool_results=_answered_calls(messages)),
+                            tool_results=answered_calls(messages)),
             RequestQueued(request_id=rid, task_id=task_id, ts=record.admitted, num_waiting=self.scheduler.num_waiting + 1),
         ))
         self.engine.add(record)
@@ -347,55 +348,6 @@ class Kernel:
         if self.engine is not None:
             self.engine.abort(request_id)
 
-    # ---- entry stage helpers ----------------------------------------------------------------
-
-    async def _prompt_ids(self, prompt: str | None, messages: list[dict] | None, tools: list[dict] | None,
-                          ids: list[int] | None, template_kwargs: dict | None) -> list[int]:
-        given = [name for name, v in (("prompt", prompt), ("messages", messages), ("prompt_token_ids", ids))
-                 if v is not None]
-        if len(given) != 1:
-            raise InvalidRequest(f"give exactly one of prompt, messages, prompt_token_ids (got {given or 'none'})",
-                                 field="prompt")
-        if ids is not None:
-            vocab = self.spec.vocab_size
-            bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab), None)
-            if bad is not None:
-                raise InvalidRequest(f"token id {bad!r} is outside the vocabulary [0, {vocab})", field="prompt_token_ids")
-            out = list(ids)
-        elif messages is not None:
-            if not messages:
-                raise InvalidRequest("messages must not be empty", field="messages")
-            tok = self.tokenizer
-            text = await anyio.to_thread.run_sync(
-                lambda: tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                                **(template_kwargs or {})))
-            out = await anyio.to_thread.run_sync(self.tokenizer.encode, text)
-        else:
-            if not isinstance(prompt, str):
-                raise InvalidRequest("prompt must be a string", field="prompt")
-            out = await anyio.to_thread.run_sync(self.tokenizer.encode, prompt)
-        if not out:
-            raise InvalidRequest("the prompt is empty (0 tokens)", field="prompt" if messages is None else "messages")
-        return out
-
-    def _budget(self, num_prompt: int, params: SamplingParams) -> int:
-        """Resolve max_tokens against the window; over budget is an error, never a silent cut."""
-        window = self.window
-        if params.max_tokens is None:
-            if num_prompt >= window:
-                raise ContextOverflow(num_prompt, 1, window)
-            max_tokens = window - num_prompt
-        else:
-            max_tokens = params.max_tokens
-            if num_prompt + max_tokens > window:
-                raise ContextOverflow(num_prompt, max_tokens, window)
-        need_blocks = math.ceil((num_prompt + max_tokens) / self.kv.block_size)
-        if need_blocks > self.kv.num_blocks:
-            raise InvalidRequest(
-                f"prompt ({num_prompt}) + max_tokens ({max_tokens}) needs {need_blocks} KV blocks but the cache "
-                f"holds {self.kv.num_blocks}; lower max_tokens or raise kv_cache_memory_gb", field="max_tokens")
-        return max_tokens
-
     def stats(self) -> dict[str, Any]:
         """A snapshot for /ready, /metrics and tests."""
         eng = self.engine
@@ -408,10 +360,3 @@ class Kernel:
             "observer_errors": dict(self.bus.observer_errors),
         }
 
-
-def _answered_calls(messages: list[dict] | None) -> tuple[str, ...]:
-    """Ids of the tool calls whose results the messages carry (how a front end learns a call's outcome)."""
-    if not messages:
-        return ()
-    return tuple(m["tool_call_id"] for m in messages
-                 if m.get("role") == "tool" and isinstance(m.get("tool_call_id"), str))
