@@ -25,6 +25,8 @@ class StreamParser:
 
     name = "base"
     call_format: ToolCallFormat | None = None
+    mode = "start"
+    _raw = ""  # text taken while deciding whether a call begins; content if none does
 
     def __init__(self, new_id: Callable[[int], str] = lambda i: f"call_{i}") -> None:
         self.new_id = new_id
@@ -87,6 +89,16 @@ class StreamParser:
         self._held_ws = text[len(kept):]
         if kept:
             self._content.append(kept)
+
+    def _to_plain(self) -> None:
+        """Not (or no more) a call: the text held in `self._raw` (a subclass's raw lookahead) is
+        content, and so is the rest of the buffer; the parser stays in mode "plain"."""
+        self.buf = self._raw + self.buf
+        self._raw = ""
+        self.mode = "plain"
+        if self.buf:
+            self.emit_content(self.buf)
+            self.buf = ""
 
     # ---- calls ------------------------------------------------------------------------------
 

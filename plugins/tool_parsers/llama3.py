@@ -60,11 +60,3 @@ class Llama3JsonParser(StreamParser):
                     self._to_plain()
         if final and self.mode != "call":
             self._to_plain()
-
-    def _to_plain(self) -> None:
-        self.buf = self._raw + self.buf
-        self._raw = ""
-        self.mode = "plain"
-        if self.buf:
-            self.emit_content(self.buf)
-            self.buf = ""

@@ -130,12 +130,3 @@ class PythonicParser(StreamParser):
         self._completed.append(ToolCall(call_id, name, arguments))
         self.buf, self.mode, self._raw = self.buf[end:], "after_item", ""
         return True
-
-    def _to_plain(self) -> None:
-        """Not (or no more) a list of calls: what was held is content, and so is the rest."""
-        self.buf = self._raw + self.buf
-        self._raw = ""
-        self.mode = "plain"
-        if self.buf:
-            self.emit_content(self.buf)
-            self.buf = ""
