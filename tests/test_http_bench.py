@@ -8,7 +8,7 @@ import json
 import pytest
 from http_server import ServerThread
 
-from modelcall.plugins.http import bench_serve
+from modelcall.plugins.bench import serve as bench_serve
 
 
 def test_bench_serve_measures_a_live_server(tmp_path):

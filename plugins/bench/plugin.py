@@ -8,7 +8,9 @@ from modelcall.core import hookimpl
 
 @hookimpl
 def register_commands(register: Any) -> None:
-    from modelcall.plugins.bench import throughput
-    # `bench` is a command group other plugins join ("bench serve" comes with the HTTP plugin).
+    from modelcall.plugins.bench import serve, throughput
+    # `bench` is a command group: other plugins may join it with "bench NAME".
     register("bench throughput", "offline throughput of a JSONL workload (all rows at once, greedy)",
              throughput.configure, throughput.run)
+    register("bench serve", "load an OpenAI-compatible server with streaming clients (TTFT, ITL, throughput)",
+             serve.configure, serve.run)

@@ -8,7 +8,6 @@ keeps its prefix cache across runs; `--cold` resets ours before each run).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import anyio
 
 from modelcall.core import Kernel, SamplingParams, hookimpl
 from modelcall.events import StepDone
+from modelcall.plugins.bench.workload import load_rows
 
 
 @dataclass
@@ -66,14 +66,6 @@ class StepMeter:
     @hookimpl
     def register_observers(self, register: Any) -> None:
         register(StepDone, self.on_step, "bench-step-meter")
-
-
-def load_rows(path: str) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    if not rows:
-        raise SystemExit(f"{path}: no rows")
-    return rows
 
 
 def widen(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:

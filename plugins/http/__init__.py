@@ -1,4 +1,4 @@
-"""The HTTP front end: OpenAI and Anthropic APIs over aiohttp (`modelcall serve`, `modelcall bench serve`).
+"""The HTTP front end: OpenAI and Anthropic APIs over aiohttp (`modelcall serve`).
 
 Build an app around a started kernel with `create_app(kernel, ServerSettings())`; other plugins
 add routes with the `register_routes` hook and middlewares with `register_middlewares`.
@@ -12,11 +12,9 @@ from modelcall.core import hookimpl
 
 @hookimpl(trylast=True)
 def register_commands(register: Any) -> None:
-    from modelcall.plugins.http import bench_serve, serve
+    from modelcall.plugins.http import serve
 
     register("serve", "serve the model over HTTP (OpenAI and Anthropic APIs)", serve.configure, serve.run)
-    register("bench serve", "load an OpenAI-compatible server with streaming clients (TTFT, ITL, throughput)",
-             bench_serve.configure, bench_serve.run)
 
 
 def create_app(*args: Any, **kwargs: Any) -> Any:

@@ -18,6 +18,8 @@ from typing import Any
 
 import aiohttp
 
+from modelcall.plugins.bench.workload import load_rows
+
 
 @dataclass
 class RequestResult:
@@ -62,14 +64,6 @@ def run(args: argparse.Namespace) -> int:
         with open(args.json_out, "w", encoding="utf-8") as f:
             json.dump(figures, f, indent=2)
     return 0 if figures["failed"] == 0 else 1
-
-
-def load_rows(path: str) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    if not rows:
-        raise SystemExit(f"{path}: no rows")
-    return rows
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
