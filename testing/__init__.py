@@ -9,7 +9,7 @@ which pytest loads by itself once modelcall is installed (entry point `pytest11`
 from modelcall.testing.collector import EventCollector
 from modelcall.testing.kernels import TEST_CONFIG, installed_plugin_names, kernel_for_test
 from modelcall.testing.scripted import ScriptedSampler
-from modelcall.testing.server import LiveServer, server_for_test
+from modelcall.testing.server import LiveServer, serve_kernel, server_for_test
 
 __all__ = ["TEST_CONFIG", "EventCollector", "LiveServer", "ScriptedSampler", "installed_plugin_names",
-           "kernel_for_test", "server_for_test"]
+           "kernel_for_test", "serve_kernel", "server_for_test"]

@@ -18,8 +18,8 @@ class LiveServer:
 
 
 @asynccontextmanager
-async def server_for_test(plugins: Iterable[Any] = (), **kwargs: Any) -> AsyncIterator[LiveServer]:
-    """A started kernel (see `kernel_for_test`) served by the built-in HTTP front end on a free port.
+async def serve_kernel(kernel: Kernel) -> AsyncIterator[LiveServer]:
+    """`kernel` (already started) served by the built-in HTTP front end on a free loopback port.
 
     Routes and middlewares come from the plugins' `register_routes` / `register_middlewares`,
     exactly as under `modelcall serve`.
@@ -29,15 +29,21 @@ async def server_for_test(plugins: Iterable[Any] = (), **kwargs: Any) -> AsyncIt
     from modelcall.plugins.http.app import create_app
     from modelcall.plugins.http.settings import ServerSettings
 
-    async with kernel_for_test(plugins, **kwargs) as kernel:
-        runner = web.AppRunner(create_app(kernel, ServerSettings(port=0)), access_log=None)
-        await runner.setup()
-        try:
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            host, port = runner.addresses[0][:2]
-            url = f"http://{host}:{port}"
-            async with ClientSession(base_url=url) as client:
-                yield LiveServer(kernel, url, client)
-        finally:
-            await runner.cleanup()
+    runner = web.AppRunner(create_app(kernel, ServerSettings(port=0)), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        url = f"http://{host}:{port}"
+        async with ClientSession(base_url=url) as client:
+            yield LiveServer(kernel, url, client)
+    finally:
+        await runner.cleanup()
+
+
+@asynccontextmanager
+async def server_for_test(plugins: Iterable[Any] = (), **kwargs: Any) -> AsyncIterator[LiveServer]:
+    """A started kernel (see `kernel_for_test`) served on a free loopback port (see `serve_kernel`)."""
+    async with kernel_for_test(plugins, **kwargs) as kernel, serve_kernel(kernel) as server:
+        yield server

@@ -16,28 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from modelcall.core import Kernel, KernelConfig
 from modelcall.plugins.ledger.store import open_readonly
 from modelcall.testing.kernels import TEST_CONFIG, installed_plugin_names
+from modelcall.testing.server import serve_kernel
 
 pytestmark = pytest.mark.anyio
-
-
-@asynccontextmanager
-async def served(kernel: Kernel) -> AsyncIterator[object]:
-    """`kernel` served by the built-in HTTP front end on a free loopback port; yields a client."""
-    from aiohttp import ClientSession, web
-
-    from modelcall.plugins.http.app import create_app
-    from modelcall.plugins.http.settings import ServerSettings
-
-    runner = web.AppRunner(create_app(kernel, ServerSettings(port=0)), access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        async with ClientSession(base_url=f"http://{host}:{port}") as client:
-            yield client
-    finally:
-        await runner.cleanup()
 
 
 async def successes(client) -> float:
@@ -75,7 +56,8 @@ async def test_two_kernels_on_one_config_object_keep_their_own_metrics_and_ledge
         async with running(a, tg) as stop_a, running(b, tg):
             assert a.plugin_state["metrics"] is not b.plugin_state["metrics"]
             assert a.plugin_state["ledger"] is not b.plugin_state["ledger"]
-            async with served(a) as ca, served(b) as cb:
+            async with serve_kernel(a) as sa, serve_kernel(b) as sb:
+                ca, cb = sa.client, sb.client
                 for i in range(2):
                     async with ca.post("/v1/completions", json={"prompt": f"Count {i}", "max_tokens": 2,
                                                                 "temperature": 0}) as r:
