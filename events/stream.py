@@ -19,7 +19,8 @@ def merge_deltas(a: TokensEmitted, b: TokensEmitted) -> TokensEmitted:
     logprobs = None if a.logprobs is None and b.logprobs is None else (a.logprobs or ()) + (b.logprobs or ())
     calls = None if a.tool_calls is None and b.tool_calls is None else (a.tool_calls or ()) + (b.tool_calls or ())
     return TokensEmitted(request_id=a.request_id, task_id=a.task_id, ts=b.ts, token_ids=a.token_ids + b.token_ids,
-                         text=a.text + b.text, logprobs=logprobs, tool_calls=calls)
+                         text=a.text + b.text, logprobs=logprobs, tool_calls=calls,
+                         reasoning=a.reasoning + b.reasoning, reasoning_tokens=a.reasoning_tokens + b.reasoning_tokens)
 
 
 class RequestStream:

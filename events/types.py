@@ -122,18 +122,33 @@ class PrefillDone(Event):
 
 
 class TokensEmitted(Event):
-    """New tokens of one request in one engine step, with the text (and tool-call fragments) they completed.
+    """What one request's output stage released in one engine step, split by where it goes.
 
-    `text` may be shorter than the tokens suggest: bytes of an unfinished character and text
-    that might still become a stop string are held back until they are decided.
+    The output stage (core/output.py) runs, in this order: detokenize -> stop strings -> reasoning
+    split -> tool-call markup -> safety filters. Each field is what left that pipeline this step:
+
+    - `text`: the answer (content) delta. Never holds reasoning, tool-call markup or special tokens.
+    - `reasoning`: the reasoning delta (inside the model's thinking block; tags removed).
+    - `tool_calls`: tool-call fragments (only for requests that offered tools): a call's first
+      fragment carries its id and whole name, later ones argument text. A call is final only once
+      its `ToolRequested` follows; a call cut by the end of the output never gets one.
+    - `reasoning_tokens`: how many of `token_ids` are reasoning tokens (tags included), counted
+      by token in core. Over a request, they sum to `Finished.usage.reasoning_tokens`.
+    - `logprobs`: the positions released by this step, in order (each names its `token_id`).
+      Without output filters, one per token of `token_ids`; with filters, a position waits until
+      its token's text has passed them and is withheld when that text was redacted or blocked.
+
+    Text may lag the tokens: bytes of an unfinished character, text that might still become a
+    stop string, a partial tag and text a filter still examines are held back until decided,
+    and released in order on every ending.
     """
 
     token_ids: tuple[int, ...]
     text: str
     logprobs: tuple[PositionLogprobs, ...] | None = None
-    # Tool-call fragments this step decided (only for requests that offered tools); markup that
-    # became these is not in `text`.
     tool_calls: tuple[ToolCallDelta, ...] | None = None
+    reasoning: str = ""
+    reasoning_tokens: int = 0
 
 
 class Preempted(Event):
@@ -143,7 +158,9 @@ class Preempted(Event):
 
 
 class ToolRequested(Event):
-    """The model proposed one complete, parsed tool call."""
+    """The model proposed one complete, parsed tool call (published right after the TokensEmitted
+    that completed it, before Finished). Whole responses list exactly these calls: `arguments` is
+    the JSON object text the call's fragments joined to (after the output filters)."""
 
     call_id: str
     name: str
@@ -169,13 +186,17 @@ class ToolFailed(Event):
 
 
 class Finished(Event):
-    """The request ended. `reason`: stop, length, abort, tool_calls, content_filter, error."""
+    """The request ended. `reason`: stop, length, abort, tool_calls, content_filter, error.
+
+    `tool_calls` only when the output stopped by itself after at least one complete call; a
+    call cut by max_tokens leaves `length`."""
 
     reason: str
     usage: Usage
     timings: Timings
-    text: str = ""
+    text: str = ""                        # the whole answer: every TokensEmitted.text joined
     stop_reason: str | int | None = None  # the stop string or token id that matched
+    reasoning: str = ""                   # the whole reasoning: every TokensEmitted.reasoning joined
 
 
 class ResponseSent(Event):
