@@ -68,26 +68,48 @@ def test_fused_demo_model_logits_equal_unfused(demo_model_dir, monkeypatch):
     ids = torch.randint(0, base.config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         assert torch.equal(fused(ids).logits, separate(ids).logits)
+        assert torch.equal(fused(ids).logits, base(ids).logits)   # and the model with plain nn.Linear
         long = torch.randint(0, base.config.vocab_size, (1, 300), generator=torch.Generator().manual_seed(2))
         assert torch.equal(fused(long).logits, separate(long).logits)   # several row chunks
+        assert torch.equal(fused(long).logits, base(long).logits)
 
 
-class GeluMLP(torch.nn.Module):
-    def __init__(self) -> None:
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_and_fused_linears_give_the_numbers_of_plain_nn_linear(bias):
+    # NOTE: the other tests compare packed with packed; this one holds the packed model to the plain one.
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(Block(bias), Block(bias)).to(torch.bfloat16)
+    packed = copy.deepcopy(plain)
+    assert packing.fuse_siblings(packed, threads=2) == 4
+    assert packing.pack_linears(packed) == 2   # the down_proj of each block
+    assert isinstance(packed[0].down_proj, packing.PackedLinear) and isinstance(packed[1].v_proj, packing.FusedPart)
+    with torch.inference_mode():
+        for rows in (1, 5, 32, 70):
+            x = torch.randn(1, rows, 64).to(torch.bfloat16)
+            assert torch.equal(packed(x), plain(x)), rows
+
+
+class GatedMLP(torch.nn.Module):
+    def __init__(self, act) -> None:
         super().__init__()
+        self.act = act
         self.gate_proj = torch.nn.Linear(64, 96, bias=False)
         self.up_proj = torch.nn.Linear(64, 96, bias=False)
         self.down_proj = torch.nn.Linear(96, 64, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(torch.nn.functional.gelu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
-def test_serial_mlp_only_where_it_gives_the_same_numbers():
+@pytest.mark.parametrize("act, serial", [(torch.nn.functional.gelu, False), (torch.nn.functional.silu, True)])
+def test_serial_mlp_only_where_it_gives_the_same_numbers(act, serial):
     torch.manual_seed(0)
-    model = GeluMLP().to(torch.bfloat16)
+    plain = GatedMLP(act).to(torch.bfloat16)
+    model = copy.deepcopy(plain)
     assert packing.fuse_siblings(model, threads=2) == 1
-    assert "forward" not in model.__dict__               # not a SiLU-gated MLP: its own forward stays
-    x = torch.randn(1, 7, 64).to(torch.bfloat16)
+    # a GELU-gated MLP keeps its own forward; a SiLU-gated one runs the serial form
+    assert isinstance(model.__dict__.get("forward"), packing.SerialGatedMLP) is serial
     with torch.inference_mode():
-        assert model(x).shape == (1, 7, 64)
+        for rows in (1, 7, 700):   # 700 rows: several row chunks of the serial form (341 rows each)
+            x = torch.randn(1, rows, 64).to(torch.bfloat16)
+            assert torch.equal(model(x), plain(x)), rows
