@@ -59,3 +59,4 @@ class ModelSpec:
     device: str
     eos_token_ids: frozenset[int] = frozenset()
     identity: str = ""  # goes into prefix-cache keys: two models never share cached blocks
+    layer_windows: tuple[int, ...] = ()  # per layer: sliding window in tokens, 0 = full attention; () unknown

@@ -4,9 +4,16 @@ transformers' model definitions call `paged_attention` once per layer with this 
 query/key/value for the whole flattened batch ([1, H, T, D], rotary applied). It writes the new
 K/V into their cache slots, then attends: the paged group reads each request's context from the
 cache by its slots, fresh prompts attend to their own new K/V only.
+
+The layer's own attention variant comes with the call, as transformers hands it to every
+attention backend: `sliding_window` (a query at position i sees keys i-W+1..i; None: all),
+`softcap` (scores become cap * tanh(scores / cap) before the mask, Gemma 2), `s_aux` (one sink
+logit per query head that joins the softmax and is then dropped, gpt-oss) and `scaling`
+(query_pre_attn_scalar ** -0.5 for Gemma, attention_multiplier for Granite).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,15 +26,33 @@ from modelcall.plugins.runner.batch import StepBatch
 NAME = "modelcall_paged"
 
 
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """How one layer attends beyond plain causal softmax attention."""
+
+    scale: float
+    window: int | None = None            # sliding window in tokens; None: the whole context
+    softcap: float | None = None         # attention-logit soft-capping
+    sinks: torch.Tensor | None = None    # [Hq] sink logits (gpt-oss)
+
+    @property
+    def plain(self) -> bool:
+        """SDPA computes it (a window is only a mask)."""
+        return self.softcap is None and self.sinks is None
+
+
 def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attention_mask: Any, dropout: float = 0.0, scaling: float | None = None,
-                    modelcall_step: StepBatch | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+                    modelcall_step: StepBatch | None = None, sliding_window: int | None = None,
+                    softcap: float | None = None, s_aux: torch.Tensor | None = None,
+                    **kwargs: Any) -> tuple[torch.Tensor, None]:
     step = modelcall_step
     if step is None:
         raise RuntimeError("modelcall_paged attention runs only inside the modelcall runner (no step given)")
     kc, vc = step.kv[module.layer_idx]
     _, n_q_heads, num_tokens, head_dim = query.shape
-    scale = scaling if scaling is not None else head_dim ** -0.5
+    var = Variant(scaling if scaling is not None else head_dim ** -0.5,
+                  int(sliding_window) if sliding_window else None, float(softcap) if softcap else None, s_aux)
     k_new, v_new = key[0].transpose(0, 1), value[0].transpose(0, 1)   # [T, Hkv, D]
     kc.index_copy_(0, step.slot_mapping, k_new.to(kc.dtype))
     vc.index_copy_(0, step.slot_mapping, v_new.to(vc.dtype))
@@ -35,48 +60,79 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     q_rows = query[0].transpose(0, 1)                                  # [T, Hq, D]
     gqa = n_q_heads != key.shape[1]
     if not step.fresh:
-        out = _paged(q_rows, kc, vc, step, scale, gqa)
+        out = _paged(q_rows, kc, vc, step, var, gqa)
         return out.unsqueeze(0), None
     out = query.new_empty(num_tokens, n_q_heads, head_dim)
     if step.num_paged:
-        out[:step.num_paged] = _paged(q_rows[:step.num_paged], kc, vc, step, scale, gqa)
+        out[:step.num_paged] = _paged(q_rows[:step.num_paged], kc, vc, step, var, gqa)
     for g in step.fresh:
         end = g.start + g.num_seqs * g.q_len
         q = query[0, :, g.start:end].unflatten(1, (g.num_seqs, g.q_len)).transpose(0, 1)   # [B, Hq, q, D]
         k = key[0, :, g.start:end].unflatten(1, (g.num_seqs, g.q_len)).transpose(0, 1)
         v = value[0, :, g.start:end].unflatten(1, (g.num_seqs, g.q_len)).transpose(0, 1)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+        if var.plain and (var.window is None or var.window >= g.q_len):
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=var.scale, enable_gqa=gqa)
+        else:
+            i = torch.arange(g.q_len, device=q.device)
+            mask = i[None, :] <= i[:, None]
+            if var.window is not None:
+                mask &= i[None, :] > i[:, None] - var.window
+            o = _attend(q, k, v, mask, var, gqa)
         out[g.start:end] = o.transpose(1, 2).reshape(-1, n_q_heads, head_dim)
     return out.unsqueeze(0), None
 
 
-def _paged(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, step: StepBatch, scale: float,
+def _paged(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, step: StepBatch, var: Variant,
            gqa: bool) -> torch.Tensor:
     """Attention of the paged group's tokens over their requests' cached context: [n, Hq, D]."""
     if cpu_kernel.usable(q_rows, kc):
-        return cpu_kernel.paged_attention(q_rows, kc, vc, step, scale)
-    return _paged_torch(q_rows, kc, vc, step, scale, gqa)
+        return cpu_kernel.paged_attention(q_rows, kc, vc, step, var.scale, var.window or 0, var.softcap or 0.0,
+                                          var.sinks)
+    return _paged_torch(q_rows, kc, vc, step, var, gqa)
 
 
-def _paged_torch(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, step: StepBatch, scale: float,
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, var: Variant,
+            gqa: bool) -> torch.Tensor:
+    """Attention with a boolean `mask` (True: attend); SDPA when it computes the variant, else the eager
+    math transformers' own eager path uses (scale, soft-cap, mask, softmax with the sink column)."""
+    if var.plain:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=var.scale, enable_gqa=gqa)
+    if gqa:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    s = torch.matmul(q, k.transpose(-1, -2)) * var.scale
+    if var.softcap is not None:
+        s = torch.tanh(s / var.softcap) * var.softcap
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    if var.sinks is not None:
+        sink = var.sinks.to(s.dtype).view(1, -1, 1, 1).expand(s.shape[0], -1, s.shape[2], 1)
+        p = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        p = torch.softmax(s, dim=-1)
+    return torch.matmul(p.to(v.dtype), v)
+
+
+def _paged_torch(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, step: StepBatch, var: Variant,
                  gqa: bool) -> torch.Tensor:
-    """Portable path (any device): gather each request's context, padded SDPA with a bottom-right causal mask."""
-    meta = step.scratch.get("torch_paged")
+    """Portable path (any device, the CUDA path too): gather each request's context, padded attention with
+    a bottom-right causal mask (and the layer's window)."""
+    key = ("torch_paged", var.window)
+    meta = step.scratch.get(key)
     if meta is None:
-        meta = step.scratch["torch_paged"] = _torch_meta(step, q_rows.device)
+        meta = step.scratch[key] = _torch_meta(step, q_rows.device, var.window)
     slots, mask, q_index, valid = meta
     n_seq, max_ctx = slots.shape
     k = kc.index_select(0, slots.view(-1)).view(n_seq, max_ctx, *kc.shape[1:]).transpose(1, 2).to(q_rows.dtype)
     v = vc.index_select(0, slots.view(-1)).view(n_seq, max_ctx, *vc.shape[1:]).transpose(1, 2).to(q_rows.dtype)
     if q_index is None:  # every request has one query token: no padding of queries
-        o = F.scaled_dot_product_attention(q_rows.unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
-        return o.squeeze(2)
+        return _attend(q_rows.unsqueeze(2), k, v, mask, var, gqa).squeeze(2)
     q = q_rows[q_index].transpose(1, 2)                                 # [S, Hq, qmax, D]
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    o = _attend(q, k, v, mask, var, gqa)
     return o.transpose(1, 2).flatten(0, 1)[valid]
 
 
-def _torch_meta(step: StepBatch, device: torch.device) -> tuple:
+def _torch_meta(step: StepBatch, device: torch.device, window: int | None) -> tuple:
     slots = step.paged_slots
     assert slots is not None
     ctx = torch.tensor(step.paged_ctx_lens, device=device)
@@ -84,7 +140,10 @@ def _torch_meta(step: StepBatch, device: torch.device) -> tuple:
     ar = torch.arange(slots.shape[1], device=device)
     if max(q_lens) == 1:
         uniform = min(step.paged_ctx_lens) == max(step.paged_ctx_lens)
-        mask = None if uniform else (ar[None, :] < ctx[:, None])[:, None, None, :]
+        if window is None or window >= max(step.paged_ctx_lens):
+            mask = None if uniform else (ar[None, :] < ctx[:, None])[:, None, None, :]
+        else:  # the one query sits at ctx - 1 and sees keys ctx - window .. ctx - 1
+            mask = ((ar[None, :] < ctx[:, None]) & (ar[None, :] >= ctx[:, None] - window))[:, None, None, :]
         return slots, mask, None, None
     qmax = max(q_lens)
     q_len_t = torch.tensor(q_lens, device=device)
@@ -92,10 +151,14 @@ def _torch_meta(step: StepBatch, device: torch.device) -> tuple:
     i = torch.arange(qmax, device=device)
     q_index = offsets[:, None] + torch.minimum(i[None, :], q_len_t[:, None] - 1)      # [S, qmax]
     start = ctx - q_len_t
-    # NOTE: causal aligned bottom-right: query i of a chunk starting at `start` sees keys 0..start+i.
-    mask = (ar[None, None, :] <= (start[:, None] + i[None, :])[:, :, None])[:, None]  # [S, 1, qmax, L]
+    # NOTE: causal aligned bottom-right: query i of a chunk starting at `start` sees keys 0..start+i
+    # (with a window W: start+i-W+1..start+i).
+    qpos = (start[:, None] + i[None, :])[:, :, None]                                  # [S, qmax, 1]
+    mask = ar[None, None, :] <= qpos
+    if window is not None:
+        mask &= ar[None, None, :] > qpos - window
     valid = (i[None, :] < q_len_t[:, None]).flatten().nonzero().squeeze(1)
-    return slots, mask, q_index, valid
+    return slots, mask[:, None], q_index, valid                                       # mask [S, 1, qmax, L]
 
 
 AttentionInterface.register(NAME, paged_attention)

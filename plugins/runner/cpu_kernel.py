@@ -5,9 +5,10 @@ before attention (read + write + read again of every cached byte, per layer, per
 decode shapes that copy costs more than the attention itself; this kernel reads each K/V row once,
 straight from its slot. It is plain C (no torch headers: builds in about a second), parallel over
 tokens with OpenMP, fp32 or bf16 K/V, fp32 math. Without a C compiler the runner keeps
-the portable path.
+the portable path. The layer's variant rides along: a sliding window (keys pos-W+1..pos only),
+logit soft-capping (s = cap * tanh(s / cap)) and per-head sink logits that join the softmax.
 
-    for each token t (in parallel):           keys 0..pos[t] of t's request, by slot
+    for each token t (in parallel):           keys max(0, pos[t]-W+1)..pos[t] of t's request, by slot
         for each context slot j: K[slot(j)] is one run of Hkv*D values (every head): read once
             scores[hh][j] = q[t, hh] · K[slot(j), hh // G] * scale      G = Hq / Hkv share a K/V head
         out[t, hh] = softmax(scores[hh]) @ V[slot(.), hh // G]
@@ -68,7 +69,8 @@ static inline __m512 load16(const void *base, int64_t off, int bf16) {
  * rows of every head are one contiguous run of hkv*d values, so the reads stream through memory.
  * scores[hh*len + j] = q_hh . K[j, hh / g] * scale; softmax over j; out_hh = sum_j p_j V[j, hh / g]. */
 static void attend(const float *qt, float *ot, const void *kc, const void *vc, int bf16, const int64_t *sl,
-                   int64_t len, int64_t hq, int64_t hkv, int64_t d, float scale, float *scores, float *row) {
+                   int64_t len, int64_t hq, int64_t hkv, int64_t d, float scale, float softcap,
+                   const float *sinks, float *scores, float *row) {
     const int64_t g = hq / hkv, rowlen = hkv * d;
 #if defined(__AVX512F__)
     const int vec = d % 16 == 0 && d <= 256;
@@ -107,8 +109,11 @@ static void attend(const float *qt, float *ot, const void *kc, const void *vc, i
     }
     for (int64_t hh = 0; hh < hq; hh++) {
         float *sc = scores + hh * len;
-        float m = -INFINITY, sum = 0.f;
+        if (softcap > 0.f)
+            for (int64_t j = 0; j < len; j++) sc[j] = softcap * tanhf(sc[j] / softcap);
+        float m = sinks ? sinks[hh] : -INFINITY, sum = 0.f;
         for (int64_t j = 0; j < len; j++) m = sc[j] > m ? sc[j] : m;
+        if (sinks) sum = expf(sinks[hh] - m);  /* the sink takes its share of the mass, then is dropped */
         for (int64_t j = 0; j < len; j++) { sc[j] = expf(sc[j] - m); sum += sc[j]; }
         const float inv = 1.f / sum;
         for (int64_t j = 0; j < len; j++) sc[j] *= inv;
@@ -161,15 +166,18 @@ int bind_threads(const int *cpus, int n) {
 
 void paged_attention(const float *q, float *out, const void *kc, const void *vc, int bf16,
                      const int64_t *tok_seq, const int64_t *tok_pos, const int64_t *slots, int64_t max_ctx,
-                     int64_t n, int64_t hq, int64_t hkv, int64_t d, float scale, int nthreads) {
+                     int64_t n, int64_t hq, int64_t hkv, int64_t d, float scale, int64_t window,
+                     float softcap, const float *sinks, int nthreads) {
     #pragma omp parallel num_threads(nthreads)
     {
         /* per-thread scratch: every head's scores over the longest context, plus one row */
         float *scores = (float *)malloc(sizeof(float) * (size_t)(hq * max_ctx + d));
         #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < n; t++)
-            attend(q + t * hq * d, out + t * hq * d, kc, vc, bf16, slots + tok_seq[t] * max_ctx, tok_pos[t] + 1,
-                   hq, hkv, d, scale, scores, scores + hq * max_ctx);
+        for (int64_t t = 0; t < n; t++) {
+            const int64_t len = tok_pos[t] + 1, first = window > 0 && len > window ? len - window : 0;
+            attend(q + t * hq * d, out + t * hq * d, kc, vc, bf16, slots + tok_seq[t] * max_ctx + first, len - first,
+                   hq, hkv, d, scale, softcap, sinks, scores, scores + hq * max_ctx);
+        }
         free(scores);
     }
 }
@@ -203,7 +211,8 @@ def _build() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(lib_path)
     fn = lib.paged_attention
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [p, p, p, p, ctypes.c_int, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
+    fn.argtypes = [p, p, p, p, ctypes.c_int, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, ctypes.c_float,
+                   p, ctypes.c_int]
     fn.restype = None
     lib.bind_threads.argtypes = [p, ctypes.c_int]
     lib.bind_threads.restype = ctypes.c_int
@@ -230,17 +239,21 @@ def usable(q_rows: torch.Tensor, kc: torch.Tensor) -> bool:
             and kc.dtype in (torch.float32, torch.bfloat16) and load() is not None)
 
 
-def paged_attention(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, step, scale: float) -> torch.Tensor:
-    """[n, Hq, D] attention of the paged group's tokens (cache [slots, Hkv, D]); math in fp32."""
+def paged_attention(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, step, scale: float, window: int = 0,
+                    softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """[n, Hq, D] attention of the paged group's tokens (cache [slots, Hkv, D]); math in fp32. `window` 0 and
+    `softcap` 0 mean none; `sinks` is one logit per query head or None."""
     lib = load()
     assert lib is not None
     q = q_rows.float().contiguous()
     n, hq, d = q.shape
     out = torch.empty_like(q)
     slots = step.paged_slots
+    sink = sinks.detach().float().contiguous() if sinks is not None else None
     lib.paged_attention(q.data_ptr(), out.data_ptr(), kc.data_ptr(), vc.data_ptr(), int(kc.dtype == torch.bfloat16),
                         step.paged_token_seq.data_ptr(), step.paged_token_pos.data_ptr(), slots.data_ptr(),
-                        slots.shape[1], n, hq, kc.shape[1], d, scale, torch.get_num_threads())
+                        slots.shape[1], n, hq, kc.shape[1], d, scale, window, softcap,
+                        sink.data_ptr() if sink is not None else None, torch.get_num_threads())
     return out.to(q_rows.dtype)
 
 

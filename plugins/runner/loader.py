@@ -136,23 +136,40 @@ def check_model_dir(model_dir: str) -> dict[str, Any]:
 
 
 def unsupported_features(cfg: Any) -> list[str]:
-    """Attention features the paged kernel does not implement (it would silently compute something else)."""
+    """Attention features the paged kernel does not implement (it would silently compute something else).
+
+    Per-layer sliding windows, soft-capping, sinks and scaling reach the kernel with every call (see
+    attention.py); what is listed here changes attention in ways no call tells it."""
     bad = []
-    if getattr(cfg, "attn_logit_softcapping", None):
-        bad.append("attention logit soft-capping")
-    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True) \
-            and any(t == "sliding_attention" for t in getattr(cfg, "layer_types", None) or ()):
-        bad.append("per-layer sliding-window attention")
+    if getattr(cfg, "attention_chunk_size", None):
+        bad.append(f"chunked local attention (attention_chunk_size={cfg.attention_chunk_size})")
+    if getattr(cfg, "use_bidirectional_attention", False):
+        bad.append("bidirectional attention")
+    if getattr(cfg, "alibi", False) or getattr(cfg, "position_embedding_type", None) == "alibi":
+        bad.append("ALiBi position biases")
+    if getattr(cfg, "is_encoder_decoder", False):
+        bad.append("encoder-decoder attention")
     return bad
+
+
+def layer_windows(cfg: Any) -> tuple[int, ...]:
+    """Per layer, the sliding window in tokens (0: full attention), as the families' definitions read it:
+    `layer_types` where the config has them, else one `sliding_window` for every layer (Mistral, Mixtral,
+    Phi-3) unless `use_sliding_window` is off."""
+    n = int(cfg.num_hidden_layers)
+    window = int(getattr(cfg, "sliding_window", None) or 0)
+    types = getattr(cfg, "layer_types", None)
+    if types:
+        return tuple(window if t == "sliding_attention" else 0 for t in types[:n])
+    if not getattr(cfg, "use_sliding_window", True):
+        return (0,) * n
+    return (window,) * n
 
 
 def build_spec(model_dir: str, config: KernelConfig, cfg: Any, hf_config: dict[str, Any],
                placement: Placement) -> ModelSpec:
+    # NOTE: a sliding window does not cap the context: the kernel slides it (keys pos-W+1..pos).
     max_len = int(getattr(cfg, "max_position_embeddings", 0) or 2048)
-    window = getattr(cfg, "sliding_window", None)
-    if window and getattr(cfg, "use_sliding_window", True):
-        # NOTE: a window that never slides is plain causal attention, which the kernel does compute.
-        max_len = min(max_len, int(window))
     if config.max_model_len is not None:
         if config.max_model_len > max_len:
             raise ConfigError(f"max_model_len {config.max_model_len} exceeds the model's {max_len} positions")
@@ -169,4 +186,5 @@ def build_spec(model_dir: str, config: KernelConfig, cfg: Any, hf_config: dict[s
         device=str(placement.device),
         eos_token_ids=eos_token_ids(model_dir, hf_config),
         identity=model_identity(model_dir),
+        layer_windows=layer_windows(cfg),
     )

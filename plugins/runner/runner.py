@@ -52,6 +52,9 @@ class TorchModelRunner:
         self.base = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
         self.lm_head = model.get_output_embeddings()
         self.softcap = getattr(hf_config, "final_logit_softcapping", None)
+        # What the family's ForCausalLM.forward does to the logits after lm_head (the runner calls lm_head
+        # itself): Granite divides by logits_scaling, Cohere multiplies by logit_scale.
+        self.logit_mult = _logit_multiplier(model, hf_config)
         self.sampler = sampler
         self.spec = build_spec(model_dir, config, hf_config, hf_json, p)
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -116,6 +119,8 @@ class TorchModelRunner:
             if step.sample_rows is not None:
                 hidden = hidden.index_select(0, step.sample_rows)
             logits = self.lm_head(hidden)
+            if self.logit_mult is not None:
+                logits = logits * self.logit_mult
             if self.softcap:
                 logits = torch.tanh(logits.float() / self.softcap) * self.softcap
             return logits
@@ -130,6 +135,16 @@ class TorchModelRunner:
         self.model = None  # type: ignore[assignment]
         if self.placement.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _logit_multiplier(model: torch.nn.Module, hf_config: Any) -> float | None:
+    scaling = getattr(hf_config, "logits_scaling", None)
+    if scaling not in (None, 1, 1.0):
+        return 1.0 / float(scaling)
+    scale = getattr(model, "logit_scale", None)
+    if isinstance(scale, (int, float)) and scale != 1:
+        return float(scale)
+    return None
 
 
 def cpu_binding(config: KernelConfig) -> list[int]:
