@@ -30,6 +30,12 @@ class KernelConfig(msgspec.Struct, kw_only=True):
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048  # token budget of one step, shared by decodes and prefill chunks
     max_queued: int = 1024
+    # Entry caps: over one, a request gets a 400 naming the cap (one call must not fill the queue).
+    max_messages: int = 512             # chat messages per request
+    max_tools: int = 128                # tool definitions per request
+    max_stop_strings: int = 16          # stop strings per request (SamplingParams also allows at most 16)
+    max_stop_length: int = 256          # characters per stop string
+    max_sequences_per_call: int = 64    # sequences one client call may start (prompts × n)
     scheduling_policy: str = "fcfs"     # fcfs | priority
     stream_capacity: int = 64
     consumer_timeout_s: float = 60.0    # a stream whose consumer lags this long is aborted
@@ -51,6 +57,9 @@ class KernelConfig(msgspec.Struct, kw_only=True):
             raise ConfigError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        for cap in ("max_messages", "max_tools", "max_stop_strings", "max_stop_length", "max_sequences_per_call"):
+            if getattr(self, cap) < 1:
+                raise ConfigError(f"{cap} must be >= 1, got {getattr(self, cap)}")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ConfigError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
 

@@ -17,21 +17,17 @@ import msgspec
 
 from modelcall.core.config import KernelConfig
 from modelcall.core.engine import Engine, RequestRecord
-from modelcall.core.entry import answered_calls, prompt_token_ids_of, resolve_max_tokens
-from modelcall.core.admission import admit_chat, check_policy
-from modelcall.core.context import message_text
-from modelcall.core.errors import (
-    ConfigError, ContentBlocked, InvalidRequest, ModelNotFound, Overloaded, PermissionDenied,
-    Unavailable,
-)
+from modelcall.core.entry import Entered, Entry, EntryInput
+from modelcall.core.errors import ConfigError, ModelNotFound
+from modelcall.core.prompt import answered_calls
 from modelcall.core.handle import Completion, RequestHandle
 from modelcall.core.host import PluginHost, PluginLike
-from modelcall.core.metering import Admission, Caller, current_exchange, tool_names
+from modelcall.core.metering import Caller, Exchange
 from modelcall.core.output import OutputState
 from modelcall.core.params import SamplingParams
 from modelcall.core.plan import ModelSpec
 from modelcall.core.request import Request
-from modelcall.core.safety import FilteredOutputState, check_input, output_chain
+from modelcall.core.safety import FilteredOutputState, output_chain
 from modelcall.core.stages import KVCachePolicy, ModelRunner, Sampler, Scheduler, Tokenizer
 from modelcall.core.tooling import ToolSupport
 from modelcall.events import (
@@ -65,6 +61,8 @@ class Kernel:
         self._reservers: list[Any] = []               # meters with reserve(admission)
         self._output_filters: list[tuple[str, Any]] = []  # safety filters with output_filter(request)
         self.engine: Engine | None = None
+        self.entry = Entry(self)  # the entry pipeline every request passes (core/entry.py)
+        self.model_aliases: tuple[str, ...] = ()  # other names a front end serves the model under
         self._tg: anyio.abc.TaskGroup | None = None
         self._draining = False
         self.started_at: float | None = None
@@ -82,6 +80,11 @@ class Kernel:
     @property
     def model_name(self) -> str:
         return self.config.served_model_name or self.spec.name
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Every name of the served model (a key's model allowlist may name any of them)."""
+        return (self.model_name, *self.model_aliases)
 
     @property
     def window(self) -> int:
@@ -218,12 +221,13 @@ class Kernel:
     async def submit(self, prompt: str | None = None, *, messages: list[dict] | None = None,
                      tools: list[dict] | None = None, prompt_token_ids: list[int] | None = None,
                      params: SamplingParams | None = None, request_id: str | None = None,
-                     task_id: str | None = None, priority: int = 0, cache_salt: str | None = None,
+                     task_id: str | None = None, priority: int | None = None, cache_salt: str | None = None,
                      chat_template_kwargs: dict | None = None, tool_choice: Any = None,
                      response_format: Any = None, parallel_tool_calls: bool | None = None,
                      tool_parser: str | None = None, logits_processors: Iterable[Any] = (), caller: Caller | None = None,
-                     context_policy: str | None = None, retries: int = 0, **param_fields: Any) -> RequestHandle:
-        """Admit one request (tokenize, check the context budget, queue it) and return its handle.
+                     exchange: Exchange | None = None, context_policy: str | None = None, retries: int = 0,
+                     sequences: int = 1, **param_fields: Any) -> RequestHandle:
+        """Run the entry pipeline (`core/entry.py`) on one request, admit it, and return its handle.
 
         Tools and structured output (OpenAI meanings): with `tools` and `tool_choice` other than
         "none", the model's tool-call parser (or `tool_parser`) turns call markup into
@@ -234,73 +238,45 @@ class Kernel:
 
         Exactly one of `prompt` (text), `messages` (chat, rendered with the model's template,
         optionally with `tools`) or `prompt_token_ids`. Raises InvalidRequest / ContextOverflow /
-        ContentBlocked / PermissionDenied / Overloaded / Unavailable before any compute.
+        ContentBlocked / Unauthenticated / PermissionDenied / Overloaded / Unavailable before any
+        compute, each published as `RequestRejected`.
 
-        `caller` (default: the one set with `modelcall.core.metering.acting_as`) is charged by
-        the meters; `context_policy="drop_oldest"` lets a chat prompt over the window drop its
-        oldest history (the handle's `context` says what went).
+        `caller` (or `exchange.caller`) is the authenticated caller: its key's allowlist, priority
+        floor and cache scope apply, and the meters charge it. `exchange` carries what a front end
+        knew about the client call (task, policy, retries, client address) and collects the handles.
+        `context_policy="drop_oldest"` lets a chat prompt over the window drop its oldest history
+        (the handle's `context` says what went).
         """
         received = now()
         rid = request_id or f"req-{uuid.uuid4().hex[:16]}"
-        ex = current_exchange()
-        if ex is not None:  # what the front end knew about this exchange (caller, task, policy)
-            caller = caller if caller is not None else ex.caller
-            task_id = task_id if task_id is not None else ex.task_id
-            context_policy = context_policy or ex.context_policy
-            retries = retries or ex.retries
-        parts: dict[str, int] | None = None
-        context: dict[str, Any] | None = None
-        try:
-            if self.engine is None or not self.engine.alive or self._draining:
-                raise Unavailable("the kernel is not accepting requests (starting, draining or stopped)")
-            if params is None:
-                params = SamplingParams.create(**param_fields)
-            elif param_fields:
-                raise InvalidRequest(f"give either params or sampling fields, not both: {sorted(param_fields)}")
-            if self.safety_filters:
-                texts = [prompt] if isinstance(prompt, str) else [message_text(m) for m in messages or ()]
-                blocked = check_input(self.safety_filters, texts)
-                if blocked is not None:
-                    raise ContentBlocked(*blocked)
-            policy = check_policy(context_policy)
-            ids = await prompt_token_ids_of(self.tokenizer, self.spec.vocab_size, prompt, messages, tools,
-                                            prompt_token_ids, chat_template_kwargs)
-            prepared = None
-            if self.tools is not None:
-                eos, ts = self.spec.eos_token_ids | self.tokenizer.eos_token_ids, self.tools
-                prepared = await anyio.to_thread.run_sync(lambda: ts.prepare(
-                    request_id=rid, task_id=task_id, eos_token_ids=eos, tools=tools, tool_choice=tool_choice,
-                    response_format=response_format, parallel_tool_calls=parallel_tool_calls,
-                    tool_parser=tool_parser, logits_processors=logits_processors))
-            if messages is not None:
-                tok, budget = self.tokenizer, (lambda n: resolve_max_tokens(n, params, self.window, self.kv))
-                chat = await anyio.to_thread.run_sync(
-                    lambda: admit_chat(tok, messages, tools, chat_template_kwargs, ids, budget, policy))
-                ids, parts, max_tokens = chat.ids, chat.parts, chat.max_tokens
-                if chat.dropped_messages:
-                    context = {"policy": policy, "dropped_messages": chat.dropped_messages,
-                               "dropped_tokens": chat.dropped_tokens}
-            else:
-                max_tokens = resolve_max_tokens(len(ids), params, self.window, self.kv)
-            # NOTE: requests admitted while a step runs wait in the engine's inbox, not yet in the
-            # scheduler: those beyond the free running slots will wait, and a burst would overshoot
-            # max_queued if they were not counted.
-            free_slots = max(0, self.config.max_num_seqs - self.scheduler.num_running)
-            waiting = self.scheduler.num_waiting + max(0, self.engine.num_pending - free_slots)
-            if waiting >= self.config.max_queued:
-                raise Overloaded(f"{waiting} requests are waiting (limit {self.config.max_queued})")
-            if caller is not None and not priority:
-                priority = caller.priority
-            if self._reservers:
-                adm = Admission(request_id=rid, task_id=task_id, model=self.model_name, caller=caller,
-                                prompt_tokens=len(ids), max_tokens=max_tokens, tools=tool_names(tools))
-                for meter in self._reservers:  # a refusal's RequestRejected lets earlier meters release
-                    meter.reserve(adm)
-        except (InvalidRequest, Overloaded, Unavailable, PermissionDenied) as e:
-            self.bus.publish((RequestRejected(request_id=rid, task_id=task_id, status=e.status,
-                                              error_type=e.error_type, message=str(e),
-                                              caller=caller.name if caller is not None else None),))
-            raise
+        inp = EntryInput(request_id=rid, prompt=prompt, messages=messages, prompt_token_ids=prompt_token_ids,
+                         tools=tools, chat_template_kwargs=chat_template_kwargs, params=params,
+                         param_fields=param_fields, priority=priority, cache_salt=cache_salt, tool_choice=tool_choice,
+                         response_format=response_format, parallel_tool_calls=parallel_tool_calls,
+                         tool_parser=tool_parser, logits_processors=tuple(logits_processors), task_id=task_id,
+                         context_policy=context_policy, retries=retries, sequences=sequences, caller=caller,
+                         exchange=exchange)
+        e = await self.entry.run(inp)
+        handle = self._admit(rid, e, received, messages)
+        if exchange is not None:
+            exchange.handles.append(handle)
+        return handle
+
+    async def count_tokens(self, prompt: str | None = None, *, messages: list[dict] | None = None,
+                           tools: list[dict] | None = None, prompt_token_ids: list[int] | None = None,
+                           chat_template_kwargs: dict | None = None, caller: Caller | None = None,
+                           exchange: Exchange | None = None) -> int:
+        """The prompt's token count, through the same entry steps as `submit` (caller, caps, filters,
+        permissions; one request against the caller's rpm) but nothing is admitted."""
+        inp = EntryInput(request_id=f"count-{uuid.uuid4().hex[:16]}", prompt=prompt, messages=messages,
+                         prompt_token_ids=prompt_token_ids, tools=tools, chat_template_kwargs=chat_template_kwargs,
+                         caller=caller, exchange=exchange, sequences=0)
+        return await self.entry.count(inp)
+
+    def _admit(self, rid: str, e: Entered, received: float, messages: list[dict] | None) -> RequestHandle:
+        """The last entry step: the request's state, output pipeline, events, and the engine's inbox."""
+        ids, params, max_tokens, task_id, caller, prepared = e.ids, e.params, e.max_tokens, e.task_id, e.caller, e.prepared
+        priority, cache_salt, parts, context, retries = e.priority, e.cache_salt, e.parts, e.context, e.retries
         req = Request(rid, ids, params, task_id=task_id, priority=priority, arrival=received,
                       cache_salt=cache_salt, max_tokens=max_tokens, eos_token_ids=self.spec.eos_token_ids
                       | self.tokenizer.eos_token_ids)
@@ -326,8 +302,6 @@ class Kernel:
         handle = RequestHandle(rid, task_id, stream, self.abort, ids)
         handle.context = context
         handle.prompt_parts = parts
-        if ex is not None:
-            ex.handles.append(handle)
         return handle
 
     async def generate(self, prompt: str | None = None, **kwargs: Any) -> AsyncIterator[Event]:

@@ -1,11 +1,11 @@
 """Who is calling, and the meters that charge them: reserve at admission, settle at the end.
 
-A front end that authenticates a caller sets it for the current task with `acting_as(caller)`
-(a context variable holding an `Exchange`, so the kernel's `submit` called from the same task
-sees it without every handler passing it along). At admission the kernel hands each meter that has a `reserve`
-method an `Admission`; a meter refuses by raising `Overloaded` (429, with `retry_after`) or
-`PermissionDenied` (403). Every meter's `observe(event)` then receives the request's terminal
-event (Finished, RequestFailed or RequestRejected) and settles what it reserved.
+A front end that authenticated a caller passes it to `Kernel.submit(caller=...)`, or with an
+`Exchange` (what it knows about one client exchange: caller, task, policy, client address),
+explicitly: no context variable carries it. At admission the entry stage hands each meter that
+has a `reserve` method an `Admission`; a meter refuses by raising `Overloaded` (429, with
+`retry_after`) or `PermissionDenied` (403). Every meter's `observe(event)` then receives the
+request's terminal event (Finished, RequestFailed or RequestRejected) and settles what it reserved.
 
 NOTE: reserve-then-settle is what keeps a quota true under a burst: a reservation counts
 immediately (prompt tokens + max_tokens), before any token is computed, and is replaced by
@@ -13,9 +13,6 @@ the real usage when the request ends.
 """
 from __future__ import annotations
 
-import contextvars
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
@@ -24,8 +21,11 @@ import msgspec
 class Caller(msgspec.Struct, frozen=True, kw_only=True):
     """An authenticated caller. `name` is recorded with each request (never the key itself).
 
-    `models` / `tools`: what the caller may use (None: anything). `limits` is the meters' own
-    (e.g. requests and tokens per minute).
+    `models` / `tools`: what the caller may use (None: anything). `priority`: the most urgent
+    priority its requests may run at (lower runs first; a request may ask for less urgent, never
+    more). `cache_group`: callers in one group share prefix-cache blocks (default: the caller's
+    own name, so no other caller can hit its blocks). `expires_at`: a Unix time after which the
+    caller is refused. `limits` is the meters' own (e.g. requests and tokens per minute).
     """
 
     name: str
@@ -33,33 +33,46 @@ class Caller(msgspec.Struct, frozen=True, kw_only=True):
     models: frozenset[str] | None = None
     tools: frozenset[str] | None = None
     limits: Any = None
+    cache_group: str | None = None
+    expires_at: float | None = None
 
     def may_use_model(self, model: str) -> bool:
         return self.models is None or model in self.models or "*" in self.models
 
-    def forbidden_tools(self, names: list[str]) -> list[str]:
+    def forbidden_tools(self, names: list[str] | tuple[str, ...]) -> list[str]:
         if self.tools is None or "*" in self.tools:
             return []
         return [n for n in names if n not in self.tools]
 
+    @property
+    def cache_scope(self) -> str:
+        """The prefix-cache scope of this caller's blocks (see `core/permissions.py`)."""
+        return self.cache_group or self.name
+
 
 CONTEXT_DROPPED_HEADER = "x-modelcall-context-dropped"
+# Where an HTTP front end keeps a request's Exchange (`request[EXCHANGE_KEY]`), so its middlewares
+# (auth, records) fill the same one explicitly. A plain string: core knows no aiohttp.
+EXCHANGE_KEY = "modelcall.exchange"
 
 
 class Exchange:
     """What a front end knows about one client exchange (e.g. one HTTP request) before the kernel
-    sees it, and what the kernel admitted for it. Set with `exchange(...)`; `Kernel.submit`
-    reads it for anything its own arguments leave unset, and appends the handles it returns."""
+    sees it, and what the kernel admitted for it. The front end makes one per exchange and passes
+    it to `Kernel.submit(exchange=...)`; the entry stage reads it for anything its own arguments
+    leave unset, counts the sequences it admitted (the per-call cap) and appends their handles."""
 
-    __slots__ = ("caller", "task_id", "context_policy", "retries", "handles")
+    __slots__ = ("caller", "task_id", "context_policy", "retries", "client", "handles", "sequences")
 
     def __init__(self, caller: Caller | None = None, task_id: str | None = None, context_policy: str | None = None,
-                 retries: int = 0) -> None:
+                 retries: int = 0, client: str | None = None) -> None:
         self.caller = caller
         self.task_id = task_id
         self.context_policy = context_policy
         self.retries = retries
+        self.client = client
         self.handles: list[Any] = []
+        self.sequences = 0  # sequences admitted for this exchange (prompts × n of one call)
 
     def response_headers(self) -> dict[str, str]:
         """Headers a front end adds to its response: what a context policy dropped, if anything."""
@@ -69,50 +82,6 @@ class Exchange:
                 return {CONTEXT_DROPPED_HEADER: (f"policy={c['policy']}; messages={c['dropped_messages']}; "
                                                  f"tokens={c['dropped_tokens']}")}
         return {}
-
-
-def exchange_headers() -> dict[str, str]:
-    """`response_headers()` of the current exchange ({} outside one)."""
-    ex = _current.get()
-    return ex.response_headers() if ex is not None else {}
-
-
-_current: contextvars.ContextVar[Exchange | None] = contextvars.ContextVar("modelcall_exchange", default=None)
-
-
-def current_exchange() -> Exchange | None:
-    return _current.get()
-
-
-def current_caller() -> Caller | None:
-    """The caller set for the current task, or None (unauthenticated / embedded use)."""
-    ex = _current.get()
-    return ex.caller if ex is not None else None
-
-
-@contextmanager
-def exchange(**fields: Any) -> Iterator[Exchange]:
-    """Within this block, requests submitted from this task carry these fields. Nested blocks
-    update the enclosing exchange (so an auth middleware and a records middleware share one)."""
-    outer = _current.get()
-    if outer is not None:
-        for k, v in fields.items():
-            setattr(outer, k, v)
-        yield outer
-        return
-    ex = Exchange(**fields)
-    token = _current.set(ex)
-    try:
-        yield ex
-    finally:
-        _current.reset(token)
-
-
-@contextmanager
-def acting_as(caller: Caller | None) -> Iterator[None]:
-    """Within this block, requests submitted from this task are charged to `caller`."""
-    with exchange(caller=caller):
-        yield
 
 
 class Admission(msgspec.Struct, frozen=True, kw_only=True):
@@ -125,6 +94,7 @@ class Admission(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int
     max_tokens: int
     tools: tuple[str, ...] = ()
+    count_only: bool = False  # a token count (no generation): one request for rpm, nothing to settle
 
     @property
     def reserved_tokens(self) -> int:

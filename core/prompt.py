@@ -1,6 +1,5 @@
-"""The entry stage's pure parts: the prompt's token ids, the context budget, what the messages answer.
-
-Over budget is an error with the numbers, never a silent cut.
+"""The entry stage's pure parts (core/entry.py runs them): the prompt's token ids, the context
+budget, what the messages answer. Over budget is an error with the numbers, never a silent cut.
 """
 from __future__ import annotations
 

@@ -216,6 +216,8 @@ class RequestRejected(Event):
     error_type: str
     message: str
     caller: str | None = None  # the authenticated caller's name, when one was known
+    step: str | None = None    # the entry step that refused (auth, caller, validate, permissions, quota, ...)
+    client: str | None = None  # the client's address, when a front end knew it (the ledger throttles 401s by it)
 
 
 class RequestFailed(Event):

@@ -6,26 +6,19 @@ import pytest
 
 from modelcall.core import Overloaded
 from modelcall.core.admission import admit_chat
-from modelcall.core.metering import Admission, Caller, acting_as, current_caller, current_exchange, exchange, tool_names
+from modelcall.core.metering import Admission, Caller, Exchange, tool_names
 from modelcall.events import Finished, RequestAdmitted, RequestRejected
 
 pytestmark = pytest.mark.anyio
 
 
-async def test_an_exchange_is_per_task_and_nested_blocks_share_it():
-    seen = {}
-
-    async def handler(name: str) -> None:
-        with acting_as(Caller(name=name)):
-            with exchange(task_id=f"t-{name}") as ex:
-                await anyio.sleep(0.01)
-                seen[name] = (current_caller().name, current_exchange().task_id, ex is current_exchange())
-        assert current_exchange() is None
-
-    async with anyio.create_task_group() as tg:
-        for n in ("a", "b"):
-            tg.start_soon(handler, n)
-    assert seen == {"a": ("a", "t-a", True), "b": ("b", "t-b", True)}
+async def test_an_exchange_is_passed_explicitly_and_fills_what_the_call_left_unset(make_kernel):
+    async with make_kernel() as kernel:
+        ex = Exchange(caller=Caller(name="a"), task_id="t-a", retries=2, client="127.0.0.1")
+        done = await kernel.complete("hello", max_tokens=2, exchange=ex)
+        other = await kernel.complete("hello", max_tokens=2)  # no exchange: nothing carried over
+    assert [h.task_id for h in ex.handles] == ["t-a"] and ex.sequences == 1
+    assert done.finished.task_id == "t-a" and other.finished.task_id is None
 
 
 def test_callers_say_what_they_may_use():
@@ -68,11 +61,11 @@ class MeterPlugin:
 async def test_the_kernel_reserves_at_admission_and_settles_on_the_terminal_event(make_kernel, events):
     plugin = MeterPlugin()
     async with make_kernel(plugins=[plugin]) as kernel:
-        with exchange(caller=Caller(name="team", priority=3), task_id="t1", retries=1):
-            done = await kernel.complete("hello", max_tokens=3)
-            await kernel.complete("hello again", max_tokens=3)
-            with pytest.raises(Overloaded):
-                await kernel.complete("one more", max_tokens=3)
+        ex = Exchange(caller=Caller(name="team", priority=3), task_id="t1", retries=1)
+        done = await kernel.complete("hello", max_tokens=3, exchange=ex)
+        await kernel.complete("hello again", max_tokens=3, exchange=ex)
+        with pytest.raises(Overloaded):
+            await kernel.complete("one more", max_tokens=3, exchange=ex)
     adm = plugin.meter.reserved[0]
     assert (adm.caller.name, adm.task_id, adm.max_tokens) == ("team", "t1", 3)
     assert adm.prompt_tokens == done.usage.prompt_tokens

@@ -8,13 +8,20 @@
     rpm = 60                        # requests per minute   (omit: no limit)
     tpm = 20000                     # tokens per minute     (prompt + completion)
     daily_tokens = 500000           # tokens per UTC day
-    priority = 0
+    priority = 0                    # the most urgent its requests may run at (lower runs first)
+    cache_group = "team-a"          # keys of one group share prefix-cache blocks (default: the key's own)
+    expires_at = 2027-01-01T00:00:00Z   # refused from then on (a TOML datetime; no offset: UTC)
+    disabled = false                # `modelcall keys revoke NAME` sets it; SIGHUP reloads the file
 """
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import hmac
+import logging
 import secrets
+import threading
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -23,6 +30,8 @@ import msgspec
 
 from modelcall.core.errors import ConfigError
 from modelcall.core.metering import Caller
+
+log = logging.getLogger("modelcall.auth")
 
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True):
@@ -40,6 +49,23 @@ class KeyEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     tpm: int | None = None
     daily_tokens: int | None = None
     priority: int = 0
+    cache_group: str | None = None
+    expires_at: dt.datetime | None = None
+    disabled: bool = False
+
+    @property
+    def expires_ts(self) -> float | None:
+        if self.expires_at is None:
+            return None
+        at = self.expires_at if self.expires_at.tzinfo is not None else self.expires_at.replace(tzinfo=dt.UTC)
+        return at.timestamp()
+
+    def state(self, now: float | None = None) -> str:
+        """active, disabled or expired."""
+        if self.disabled:
+            return "disabled"
+        exp = self.expires_ts
+        return "expired" if exp is not None and (time.time() if now is None else now) >= exp else "active"
 
 
 class KeyFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -60,7 +86,8 @@ class KeyStore:
     """The configured keys; `verify` finds a presented key's caller in constant time."""
 
     def __init__(self, entries: list[KeyEntry]) -> None:
-        self._keys: list[tuple[bytes, Caller]] = []
+        self.entries = list(entries)
+        self._keys: list[tuple[bytes, Caller, KeyEntry]] = []
         seen: set[str] = set()
         for e in entries:
             if e.name in seen:
@@ -79,8 +106,9 @@ class KeyStore:
             caller = Caller(name=e.name, priority=e.priority,
                             models=frozenset(e.models) if e.models is not None else None,
                             tools=frozenset(e.tools) if e.tools is not None else None,
-                            limits=Limits(rpm=e.rpm, tpm=e.tpm, daily_tokens=e.daily_tokens))
-            self._keys.append((digest, caller))
+                            limits=Limits(rpm=e.rpm, tpm=e.tpm, daily_tokens=e.daily_tokens),
+                            cache_group=e.cache_group, expires_at=e.expires_ts)
+            self._keys.append((digest, caller, e))
 
     @classmethod
     def load(cls, path: str | Path) -> KeyStore:
@@ -99,15 +127,50 @@ class KeyStore:
         return len(self._keys)
 
     def verify(self, presented: str | None) -> Caller | None:
-        """The caller whose key this is, or None. Compares digests in constant time, all of them."""
+        """The caller whose key this is, or None (also for a disabled or expired key)."""
+        caller, state = self.check(presented)
+        return caller if state == "active" else None
+
+    def check(self, presented: str | None) -> tuple[Caller | None, str]:
+        """(caller, state): state is active, disabled, expired or unknown. Compares digests in
+        constant time, all of them."""
         if not presented:
-            return None
+            return None, "unknown"
         digest = digest_of(presented)
-        found = None
-        for known, caller in self._keys:  # NOTE: no early exit, so timing does not tell which entry matched
+        found: tuple[Caller, KeyEntry] | None = None
+        for known, caller, entry in self._keys:  # NOTE: no early exit, so timing does not tell which entry matched
             if hmac.compare_digest(digest, known):
-                found = caller
-        return found
+                found = (caller, entry)
+        if found is None:
+            return None, "unknown"
+        return found[0], found[1].state()
+
+
+class KeyRing:
+    """The key file of a running server: `reload()` (on SIGHUP) swaps in the file's new contents
+    at once; a request in flight keeps the caller it was admitted with, the next one sees the change.
+    A file that no longer loads leaves the old keys in place (and says why in the log)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self.store = KeyStore.load(path)
+        self.reloads = 0
+        self._lock = threading.Lock()
+
+    def reload(self) -> bool:
+        with self._lock:
+            try:
+                store = KeyStore.load(self.path)
+            except ConfigError as e:
+                log.error("API keys not reloaded, the old ones stay in force: %s", e)
+                return False
+            self.store = store  # NOTE: one reference swap; readers never see a half-loaded store
+            self.reloads += 1
+        log.info("API keys reloaded from %s: %d keys", self.path, len(store))
+        return True
+
+    def check(self, presented: str | None) -> tuple[Caller | None, str]:
+        return self.store.check(presented)
 
 
 def presented_key(headers: Any) -> str | None:

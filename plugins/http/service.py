@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from modelcall.core import Kernel, ModelcallError, RequestHandle, SamplingParams
+from modelcall.core.metering import EXCHANGE_KEY, Exchange
 from modelcall.events import Finished, PositionLogprobs, RequestFailed, TokensEmitted, Usage
 from modelcall.plugins.http.errors import ApiError
 from modelcall.plugins.http.reasoning import ReasoningSplitter
@@ -26,12 +27,20 @@ _PER_CHOICE = ("priority", "cache_salt", "task_id", "tools", "tool_choice", "par
 
 
 class ServingContext:
-    """The kernel as the HTTP handlers see it."""
+    """The kernel as the HTTP handlers see it. The app holds one; each handler gets it `bind`-ed
+    to its HTTP request, so `submit` and `count_tokens` hand the kernel that request's Exchange
+    (caller, task id, retries, context policy, client address) explicitly."""
 
-    def __init__(self, kernel: Kernel, settings: ServerSettings) -> None:
+    def __init__(self, kernel: Kernel, settings: ServerSettings, exchange: Exchange | None = None,
+                 token_text: dict[int, str] | None = None) -> None:
         self.kernel = kernel
         self.settings = settings
-        self._token_text: dict[int, str] = {}
+        self.exchange = exchange
+        self._token_text: dict[int, str] = {} if token_text is None else token_text
+
+    def bind(self, request: Any) -> ServingContext:
+        """This context for one HTTP request (`request[EXCHANGE_KEY]`, made by the error middleware)."""
+        return ServingContext(self.kernel, self.settings, request.get(EXCHANGE_KEY), self._token_text)
 
     @property
     def model_name(self) -> str:
@@ -56,20 +65,29 @@ class ServingContext:
         return text
 
     async def submit(self, params: Sequence[SamplingParams], **prompt: Any) -> list[RequestHandle]:
-        """Admit one kernel request per entry of `params` (the prompt is tokenized once); on any
-        refusal, close those already admitted and raise an ApiError."""
+        """Admit one kernel request per entry of `params` (the prompt is tokenized once) through the
+        kernel's entry pipeline; on any refusal, close those already admitted and raise an ApiError."""
         handles: list[RequestHandle] = []
         try:
             for p in params:
                 if handles:
                     prompt = {"prompt_token_ids": handles[0].prompt_token_ids,
                               **{k: v for k, v in prompt.items() if k in _PER_CHOICE}}
-                handles.append(await self.kernel.submit(params=p, **prompt))
+                # NOTE: the first choice counts all n against the call's sequence cap, before any runs.
+                handles.append(await self.kernel.submit(params=p, exchange=self.exchange,
+                                                        sequences=0 if handles else len(params), **prompt))
         except BaseException as e:
             for h in handles:
                 h.close()
             raise as_api_error(e) from e
         return handles
+
+    async def count_tokens(self, **prompt: Any) -> int:
+        """The prompt's token count through the kernel's entry pipeline (counted against the caller's rpm)."""
+        try:
+            return await self.kernel.count_tokens(exchange=self.exchange, **prompt)
+        except BaseException as e:
+            raise as_api_error(e) from e
 
     def splitter(self, handle: RequestHandle) -> ReasoningSplitter | None:
         return ReasoningSplitter.for_tokenizer(self.kernel.tokenizer, handle.prompt_token_ids)

@@ -7,7 +7,7 @@ import time
 
 from aiohttp import web
 
-from modelcall.core.metering import exchange_headers
+from modelcall.core.metering import EXCHANGE_KEY
 
 DONE = b"data: [DONE]\n\n"
 STREAM: web.RequestKey[SSEWriter] = web.RequestKey("modelcall.sse", object)  # type: ignore[arg-type]
@@ -34,7 +34,9 @@ class SSEWriter:
 
     async def prepare(self, headers: dict[str, str] | None = None) -> None:
         self.response.headers.update(headers or {})
-        self.response.headers.update(exchange_headers())  # e.g. what a context policy dropped
+        ex = self.request.get(EXCHANGE_KEY)
+        if ex is not None:  # e.g. what a context policy dropped
+            self.response.headers.update(ex.response_headers())
         await self.response.prepare(self.request)
         self.request[STREAM] = self  # the error middleware can still end a failed stream properly
 

@@ -4,13 +4,14 @@ A plugin of its own (entry point `exchange`, so blocking the ledger keeps it) ad
 middleware to `modelcall serve` through `register_middlewares`:
 
 * reads `x-modelcall-task-id`, `x-modelcall-retries` and the request option `context_policy`
-  (JSON body field or `x-modelcall-context-policy` header) into the exchange, so the kernel
-  records them with every request this HTTP request makes;
+  (JSON body field or `x-modelcall-context-policy` header) into the request's Exchange
+  (`request[EXCHANGE_KEY]`, which the front end hands to the kernel), so the kernel records
+  them with every request this HTTP request makes;
 * after the handler, makes sure the response is fully written, then publishes `ResponseSent`
   for each admitted request (the ledger's `response_sent`, the report's streaming time);
 * when a context policy dropped history to fit the window, says so in the
   `x-modelcall-context-dropped` header of a non-streamed response (a streamed one adds
-  `modelcall.core.metering.exchange_headers()` when it sends its headers).
+  the exchange's `response_headers()` when it sends its headers).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import msgspec
 from aiohttp import web
 
 from modelcall.core import hookimpl
-from modelcall.core.metering import exchange
+from modelcall.core.metering import EXCHANGE_KEY
 from modelcall.events import ResponseSent
 
 TASK_HEADER = "x-modelcall-task-id"
@@ -54,9 +55,13 @@ def exchange_middleware(kernel: Any) -> Callable[..., Any]:
         policy = headers.get(POLICY_HEADER)
         if policy is None and request.can_read_body:
             policy = _policy_from_body(await request.read())
-        with exchange(task_id=headers.get(TASK_HEADER) or None, context_policy=policy, retries=retries) as ex:
-            response = await handler(request)
-            handles = list(ex.handles)
+        ex = request.get(EXCHANGE_KEY)
+        if ex is None:  # not behind modelcall's front end: nothing to fill or to record
+            return await handler(request)
+        ex.task_id = ex.task_id or headers.get(TASK_HEADER) or None
+        ex.context_policy, ex.retries = ex.context_policy or policy, ex.retries or retries
+        response = await handler(request)
+        handles = list(ex.handles)
         if not handles:
             return response
         if not response.prepared:  # headers not sent yet: say what a context policy dropped

@@ -26,13 +26,16 @@ def register_observers(register: Any, config: Any, kernel: Any) -> None:
     cfg = settings(config)
     if not cfg.get("path"):
         return
+    from modelcall.events import RequestRejected
     from modelcall.plugins.ledger.recorder import EVENT_TYPES, Recorder
+    from modelcall.plugins.ledger.throttle import UnauthenticatedThrottle
 
     recorder = Recorder(cfg["path"])
     observer = OffloadedObserver(handle_batch=recorder.handle_batch, maxsize=int(cfg.get("queue", 10_000)),
                                  name="ledger", max_batch=int(cfg.get("batch", 512)))
     kernel.plugin_state[NAME] = (observer, recorder)
-    register(EVENT_TYPES, observer, name="ledger")
+    register(tuple(t for t in EVENT_TYPES if t is not RequestRejected), observer, name="ledger")
+    register(RequestRejected, UnauthenticatedThrottle(observer), name="ledger")
 
 
 def ledger_of(kernel: Any) -> tuple[OffloadedObserver, Any] | None:

@@ -50,6 +50,8 @@ class KernelMetrics:
         self.c_preempt = Counter(P + "num_preemptions", "Requests preempted (recomputed later).", m, registry=r)
         self.c_rejected = Counter(P + "request_rejected", "Requests refused at admission, by HTTP status.",
                                   [*m, "status"], registry=r)
+        self.c_refused = Counter(P + "entry_refused", "Requests refused by the entry pipeline, by the step that "
+                                 "refused (auth: no valid key) and HTTP status.", [*m, "step", "status"], registry=r)
         self.kernel: Any = None
         self.model = ""
         self._last_token: dict[str, float] = {}
@@ -101,7 +103,9 @@ class KernelMetrics:
         self.preempt.inc()
 
     def on_rejected(self, ev: RequestRejected) -> None:
-        self.c_rejected.labels(self.model, str(ev.status)).inc()
+        status = str(ev.status)
+        self.c_rejected.labels(self.model, status).inc()
+        self.c_refused.labels(self.model, ev.step or "other", status).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

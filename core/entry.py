@@ -1,0 +1,251 @@
+"""The Entry pipeline: every input form reaches the engine through these steps, in this order.
+
+    caller → validate → render → tokenize → context budget → input filters
+           → permissions (model, tools, priority, cache scope) → quota reservation → admit
+
+`Kernel.submit` runs `Entry.run` and then admits what it returns; `Kernel.count_tokens` runs the
+same steps up to the quota (a count is one request for rpm, no tokens). Text, chat messages,
+token ids, Anthropic and Responses requests differ only in how a front end fills `EntryInput`;
+a front end decides nothing that a step here decides. Every refusal is a core error (a 4xx),
+published once as `RequestRejected` naming the step, so the ledger and /metrics see it.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+import msgspec
+
+from modelcall.core.admission import admit_chat, check_policy
+from modelcall.core.caps import check_caps
+from modelcall.core.context import message_text
+from modelcall.core.errors import (
+    ContentBlocked, InvalidRequest, ModelcallError, Overloaded, Unauthenticated, Unavailable,
+)
+from modelcall.core.metering import Admission, Caller, Exchange, tool_names
+from modelcall.core.params import SamplingParams
+from modelcall.core.permissions import cache_salt, check_model, check_tools, effective_priority
+from modelcall.core.prompt import prompt_token_ids_of, resolve_max_tokens
+from modelcall.core.safety import check_input
+from modelcall.events import RequestRejected
+
+
+class EntryInput(msgspec.Struct, kw_only=True):
+    """One request as a front end translated it: exactly one of `prompt`, `messages`, `prompt_token_ids`."""
+
+    request_id: str
+    prompt: str | None = None
+    messages: list[dict] | None = None
+    prompt_token_ids: list[int] | None = None
+    tools: list[dict] | None = None
+    chat_template_kwargs: dict | None = None
+    params: SamplingParams | None = None
+    param_fields: dict[str, Any] = {}  # loose sampling fields, when `params` is not given
+    priority: int | None = None       # as requested; the permission step decides what it runs at
+    cache_salt: str | None = None     # as requested; the permission step scopes it to the caller
+    tool_choice: Any = None
+    response_format: Any = None
+    parallel_tool_calls: bool | None = None
+    tool_parser: str | None = None
+    logits_processors: tuple[Any, ...] = ()
+    task_id: str | None = None
+    context_policy: str | None = None
+    retries: int = 0
+    sequences: int = 1                # sequences this submit adds to its client call (n of the first choice)
+    caller: Caller | None = None
+    exchange: Exchange | None = None
+
+
+class Entered(msgspec.Struct, kw_only=True):
+    """What the pipeline decided: the prompt, its budget and the terms it runs under."""
+
+    ids: list[int]
+    max_tokens: int
+    params: SamplingParams
+    priority: int
+    cache_salt: str | None
+    caller: Caller | None
+    task_id: str | None
+    retries: int
+    parts: dict[str, int] | None = None
+    context: dict[str, Any] | None = None
+    prepared: Any = None  # the tool-call parser stream and constraint processors (core/tooling.py)
+
+
+class Entry:
+    """The entry steps of one kernel (it reads the kernel's stages, which are set at start)."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+
+    async def run(self, inp: EntryInput) -> Entered:
+        """Every step up to and including the quota reservation; raises (and publishes) a refusal."""
+        step = "caller"
+        try:
+            caller = self._caller(inp)
+            step = "validate"
+            params, policy = self._validate(inp)
+            step = "render"  # rendering and tokenizing run together in worker threads
+            ids = await self._tokens(inp)
+            step = "context budget"
+            max_tokens, parts, context, ids = await self._budget(inp, ids, params, policy)
+            step = "input filters"
+            await self._filter_input(inp, ids)
+            step = "permissions"
+            priority, salt = self._permissions(inp, caller)
+            step = "tools"  # parsers and constraints, after permissions: a forbidden tool compiles nothing
+            prepared = await self._prepare_tools(inp)
+            step = "quota"
+            self._reserve(inp, caller, len(ids), max_tokens)
+            step = "admit"
+            self._check_queue()
+        except ModelcallError as e:
+            self.refuse(inp, e, step)
+            raise
+        if inp.exchange is not None:
+            inp.exchange.sequences += inp.sequences
+        return Entered(ids=ids, max_tokens=max_tokens, params=params, priority=priority, cache_salt=salt,
+                       caller=caller, task_id=inp.task_id, retries=inp.retries, parts=parts, context=context,
+                       prepared=prepared)
+
+    async def count(self, inp: EntryInput) -> int:
+        """The prompt's token count, through the same steps as a request (no budget, no admission)."""
+        step = "caller"
+        try:
+            caller = self._caller(inp)
+            step = "validate"
+            self._validate(inp)
+            step = "render"
+            ids = await self._tokens(inp)
+            step = "input filters"
+            await self._filter_input(inp, ids)
+            step = "permissions"
+            self._permissions(inp, caller)
+            step = "quota"
+            self._reserve(inp, caller, len(ids), 0, count_only=True)
+        except ModelcallError as e:
+            self.refuse(inp, e, step)
+            raise
+        return len(ids)
+
+    def refuse(self, inp: EntryInput, error: ModelcallError, step: str) -> None:
+        caller = inp.caller
+        self.kernel.bus.publish((RequestRejected(
+            request_id=inp.request_id, task_id=inp.task_id, status=error.status, error_type=error.error_type,
+            message=str(error), caller=caller.name if caller is not None else None, step=step,
+            client=inp.exchange.client if inp.exchange is not None else None),))
+
+    # ---- the steps ----------------------------------------------------------------------------
+
+    def _caller(self, inp: EntryInput) -> Caller | None:
+        ex = inp.exchange
+        if ex is not None:  # what the front end knew about this exchange fills what the call left unset
+            inp.caller = inp.caller if inp.caller is not None else ex.caller
+            inp.task_id = inp.task_id if inp.task_id is not None else ex.task_id
+            inp.context_policy = inp.context_policy or ex.context_policy
+            inp.retries = inp.retries or ex.retries
+        caller = inp.caller
+        if caller is not None and caller.expires_at is not None and time.time() >= caller.expires_at:
+            raise Unauthenticated(f"the API key {caller.name!r} has expired")
+        k = self.kernel
+        if k.engine is None or not k.engine.alive or k.draining:
+            raise Unavailable("the kernel is not accepting requests (starting, draining or stopped)")
+        return caller
+
+    def _validate(self, inp: EntryInput) -> tuple[SamplingParams, str]:
+        if inp.params is None:
+            inp.params = SamplingParams.create(**inp.param_fields)
+        elif inp.param_fields:
+            raise InvalidRequest(f"give either params or sampling fields, not both: {sorted(inp.param_fields)}")
+        params = inp.params
+        admitted = inp.exchange.sequences if inp.exchange is not None else 0
+        check_caps(self.kernel.config, inp.messages, inp.tools, params, admitted, inp.sequences)
+        return params, check_policy(inp.context_policy)
+
+    async def _tokens(self, inp: EntryInput) -> list[int]:
+        k = self.kernel
+        try:
+            return await prompt_token_ids_of(k.tokenizer, k.spec.vocab_size, inp.prompt, inp.messages, inp.tools,
+                                             inp.prompt_token_ids, inp.chat_template_kwargs)
+        except ModelcallError:
+            raise
+        except Exception as e:  # a template's raise_exception, odd unicode: the input's fault, never a 500
+            if isinstance(e, (ValueError, TypeError, UnicodeError, LookupError)) or _is_template_error(e):
+                raise InvalidRequest(f"the prompt could not be prepared: {type(e).__name__}: {e}",
+                                     field="messages" if inp.messages is not None else "prompt") from e
+            raise
+
+    async def _budget(self, inp: EntryInput, ids: list[int], params: SamplingParams, policy: str
+                      ) -> tuple[int, dict[str, int] | None, dict[str, Any] | None, list[int]]:
+        k = self.kernel
+        if inp.messages is None:
+            return resolve_max_tokens(len(ids), params, k.window, k.kv), None, None, ids
+        tok, budget = k.tokenizer, (lambda n: resolve_max_tokens(n, params, k.window, k.kv))
+        messages, tools, kw = inp.messages, inp.tools, inp.chat_template_kwargs
+        chat = await anyio.to_thread.run_sync(lambda: admit_chat(tok, messages, tools, kw, ids, budget, policy))
+        context = None
+        if chat.dropped_messages:
+            context = {"policy": policy, "dropped_messages": chat.dropped_messages,
+                       "dropped_tokens": chat.dropped_tokens}
+        return chat.max_tokens, chat.parts, context, chat.ids
+
+    async def _filter_input(self, inp: EntryInput, ids: list[int]) -> None:
+        k = self.kernel
+        if not k.safety_filters:
+            return
+        if inp.prompt_token_ids is not None:
+            # NOTE: token ids are text too: a blocked term sent as ids must not pass. Special tokens
+            # are kept (decoding without them could join pieces around them) and dropped (a term
+            # split by specials), so both readings are checked.
+            tok = k.tokenizer
+            texts = await anyio.to_thread.run_sync(lambda: list(dict.fromkeys(
+                (tok.decode(ids, skip_special_tokens=False), tok.decode(ids, skip_special_tokens=True)))))
+        elif inp.prompt is not None:
+            texts = [inp.prompt]
+        else:
+            texts = [message_text(m) for m in inp.messages or ()]
+        blocked = check_input(k.safety_filters, texts)
+        if blocked is not None:
+            raise ContentBlocked(*blocked)
+
+    def _permissions(self, inp: EntryInput, caller: Caller | None) -> tuple[int, str | None]:
+        check_model(caller, self.kernel.model_names)
+        check_tools(caller, tool_names(inp.tools))
+        return effective_priority(caller, inp.priority), cache_salt(caller, inp.cache_salt)
+
+    async def _prepare_tools(self, inp: EntryInput) -> Any:
+        k = self.kernel
+        if k.tools is None:
+            return None
+        eos, ts = k.spec.eos_token_ids | k.tokenizer.eos_token_ids, k.tools
+        return await anyio.to_thread.run_sync(lambda: ts.prepare(
+            request_id=inp.request_id, task_id=inp.task_id, eos_token_ids=eos, tools=inp.tools,
+            tool_choice=inp.tool_choice, response_format=inp.response_format,
+            parallel_tool_calls=inp.parallel_tool_calls, tool_parser=inp.tool_parser,
+            logits_processors=inp.logits_processors))
+
+    def _reserve(self, inp: EntryInput, caller: Caller | None, prompt_tokens: int, max_tokens: int,
+                 count_only: bool = False) -> None:
+        k = self.kernel
+        if not k._reservers:
+            return
+        adm = Admission(request_id=inp.request_id, task_id=inp.task_id, model=k.model_name, caller=caller,
+                        prompt_tokens=prompt_tokens, max_tokens=max_tokens, tools=tool_names(inp.tools),
+                        count_only=count_only)
+        for meter in k._reservers:  # a refusal's RequestRejected lets earlier meters release
+            meter.reserve(adm)
+
+    def _check_queue(self) -> None:
+        # NOTE: requests admitted while a step runs wait in the engine's inbox, not yet in the
+        # scheduler: those beyond the free running slots will wait, and a burst would overshoot
+        # max_queued if they were not counted.
+        k = self.kernel
+        free_slots = max(0, k.config.max_num_seqs - k.scheduler.num_running)
+        waiting = k.scheduler.num_waiting + max(0, k.engine.num_pending - free_slots)
+        if waiting >= k.config.max_queued:
+            raise Overloaded(f"{waiting} requests are waiting (limit {k.config.max_queued})")
+
+
+def _is_template_error(e: BaseException) -> bool:
+    return bool({c.__name__ for c in type(e).__mro__} & {"TemplateError", "UndefinedError"})
