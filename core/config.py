@@ -16,7 +16,11 @@ class KernelConfig(msgspec.Struct, kw_only=True):
     scheduler admits in (`core/policies.py`).
     """
 
-    model: str | None = None            # a Hugging Face model directory; None: the built-in demo model
+    model: str | None = None            # a Hugging Face model directory or hub id (org/name); None: the demo model
+    revision: str | None = None         # hub id only: branch, tag or commit (default: main)
+    download_dir: str | None = None     # hub id only: the cache folder (default: HF_HUB_CACHE or HF_HOME/hub)
+    tokenizer_dir: str | None = None    # load the tokenizer from here instead of the model directory
+    chat_template: str | None = None    # a Jinja chat template file that replaces the model's own
     served_model_name: str | None = None
     dtype: str = "auto"                 # auto | float32 | bfloat16 | float16
     kv_cache_dtype: str = "auto"        # auto: same as dtype on CUDA, bfloat16 KV on CPU for bf16 models

@@ -27,7 +27,8 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 @hookspec(firstresult=True)
 def provide_model_dir(config: Any) -> str | None:
     """Return the model directory to load when `config.model` is None (the built-in demo model
-    builds one into the user's cache). Return None to decline."""
+    builds one into the user's cache) or names no local directory (the runner resolves hub ids,
+    org/name, to a snapshot in the Hugging Face cache). Return None to decline."""
 
 
 @hookspec(firstresult=True)

@@ -131,11 +131,8 @@ class Kernel:
         plugins, blocked, load_eps = self._plugin_args
         self.host = host = PluginHost(plugins, blocked=blocked, load_entrypoints=load_eps)
         cfg = self.config
-        if cfg.model is not None and not os.path.isdir(cfg.model):
-            raise ModelNotFound(f"model directory {cfg.model!r} does not exist (give a Hugging Face model "
-                                "directory with config.json, or no model for the built-in demo model)")
-        self.model_dir = cfg.model or await anyio.to_thread.run_sync(
-            lambda: host.provide("provide_model_dir", "model", config=cfg))
+        self.model_dir = cfg.model if cfg.model is not None and os.path.isdir(cfg.model) else \
+            await anyio.to_thread.run_sync(self._find_model_dir)
         await anyio.to_thread.run_sync(self._assemble)
         for _plugin, args, kw in host.collect("register_observers", config=cfg, kernel=self):
             event_type, observer = args[0], args[1]
@@ -157,6 +154,20 @@ class Kernel:
         while not self.engine.alive:  # NOTE: start() returns once requests are accepted
             await anyio.sleep(0)
         self.started_at = now()
+
+    def _find_model_dir(self) -> str:
+        """No model: the demo model's plugin builds one; not a directory: a plugin may resolve it (the
+        runner's resolves hub ids, org/name)."""
+        host, cfg = self.host, self.config
+        assert host is not None
+        if cfg.model is None:
+            return host.provide("provide_model_dir", "model", config=cfg)
+        found = host.pm.hook.provide_model_dir(config=cfg)
+        if found is None:
+            raise ModelNotFound(f"model directory {cfg.model!r} does not exist (give a Hugging Face model "
+                                "directory with config.json, a hub id org/name, or no model for the built-in "
+                                "demo model)")
+        return found
 
     def _assemble(self) -> None:
         host, cfg = self.host, self.config

@@ -38,7 +38,13 @@ def add_kernel_options(parser: argparse.ArgumentParser) -> None:
     """
     d = KernelConfig()
     g = parser.add_argument_group("model and engine")
-    g.add_argument("--model", metavar="DIR", help="Hugging Face model directory (default: the built-in demo model)")
+    g.add_argument("--model", metavar="DIR|ORG/NAME",
+                   help="Hugging Face model directory or hub id (default: the built-in demo model)")
+    g.add_argument("--revision", help="hub id only: branch, tag or commit (default: main)")
+    g.add_argument("--download-dir", metavar="DIR", help="hub id only: cache folder (default: HF_HUB_CACHE or HF_HOME/hub)")
+    g.add_argument("--tokenizer", dest="tokenizer_dir", metavar="DIR",
+                   help="load the tokenizer from DIR instead of the model directory")
+    g.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template that replaces the model's own")
     g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="default: auto")
     g.add_argument("--kv-cache-dtype", choices=["auto", "float32", "bfloat16", "float16"], help="default: auto")
     g.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: auto)")
@@ -61,7 +67,8 @@ def add_kernel_options(parser: argparse.ArgumentParser) -> None:
 
 
 # option dest -> KernelConfig field, for the options whose value is used as given
-_FIELDS = {"model": "model", "served_model_name": "served_model_name", "dtype": "dtype",
+_FIELDS = {"model": "model", "revision": "revision", "download_dir": "download_dir", "tokenizer_dir": "tokenizer_dir",
+           "chat_template": "chat_template", "served_model_name": "served_model_name", "dtype": "dtype",
            "kv_cache_dtype": "kv_cache_dtype", "device": "device", "threads": "threads",
            "max_model_len": "max_model_len", "block_size": "block_size", "num_kv_blocks": "num_kv_blocks",
            "kv_cache_gb": "kv_cache_memory_gb", "max_num_seqs": "max_num_seqs",

@@ -176,7 +176,9 @@ def build_spec(model_dir: str, config: KernelConfig, cfg: Any, hf_config: dict[s
         max_len = config.max_model_len
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     return ModelSpec(
-        name=os.path.basename(os.path.normpath(model_dir)),
+        # a hub id is served under its own name (as vLLM does), not under its snapshot's hash
+        name=config.model if config.model and not os.path.isdir(config.model) else os.path.basename(
+            os.path.normpath(model_dir)),
         max_model_len=max_len,
         vocab_size=int(cfg.vocab_size),
         num_layers=int(cfg.num_hidden_layers),
