@@ -8,11 +8,10 @@ from typing import Any
 
 import anyio
 
-from modelcall.core.output import OutputState, count_reasoning_tokens
+from modelcall.core.output import OutputState, Released
 from modelcall.core.plan import SchedulePlan, StepOutput
 from modelcall.core.request import Request, Status
 from modelcall.core.stages import KVCachePolicy, ModelRunner, Scheduler
-from modelcall.core.tools import ToolCallStream
 from modelcall.events import (
     EventBus, Finished, Preempted, PrefillDone, RequestFailed, RequestScheduled, StepDone, Timings,
     TokensEmitted, Usage, now,
@@ -24,7 +23,7 @@ log = logging.getLogger("modelcall.engine")
 class RequestRecord:
     """What the engine keeps beside a Request: output state and the timestamps of its stages."""
 
-    __slots__ = ("request", "output", "received", "admitted", "scheduled", "first_token", "last_token", "tools")
+    __slots__ = ("request", "output", "received", "admitted", "scheduled", "first_token", "last_token")
 
     def __init__(self, request: Request, output: OutputState, received: float, admitted: float) -> None:
         self.request = request
@@ -34,7 +33,6 @@ class RequestRecord:
         self.scheduled: float | None = None
         self.first_token: float | None = None
         self.last_token: float | None = None
-        self.tools: ToolCallStream | None = None  # the request's tool-call parser, when it offered tools
 
 
 class Engine:
@@ -57,7 +55,6 @@ class Engine:
         self.step_count = 0
         self.last_error: str | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self.think_token_ids: tuple[int, int] | None = None  # (start, end) of reasoning blocks, for usage
 
     # ---- entry from other tasks (same event loop) ---------------------------------------
 
@@ -165,7 +162,7 @@ class Engine:
             for rid, reason in aborts.items():
                 rec = self.records.get(rid)
                 if rec is not None:
-                    self._finish(rec, reason, None, rec.output.close(), now(), events)
+                    self._finish(rec, rec.output.close(reason), now(), events)
             self.bus.publish(events)
 
     def _note_scheduling(self, plan: SchedulePlan, t: float, events: list) -> None:
@@ -194,40 +191,43 @@ class Engine:
                 rec.first_token = t
                 events.append(PrefillDone(request_id=req.request_id, task_id=req.task_id, ts=t, first_token_id=token))
             rec.last_token = t
-            text, reason, stop_reason = rec.output.on_token(req, token, self.window)
-            lp = logprobs[i] if logprobs is not None else None
-            calls, requested = None, []
-            if rec.tools is not None:  # NOTE: markup becomes tool-call deltas, never content text
-                text, calls = rec.tools.feed(text, reason is not None, requested)
+            out = rec.output.on_token(req, token, self.window, logprobs[i] if logprobs is not None else None)
             events.append(TokensEmitted(request_id=req.request_id, task_id=req.task_id, ts=t, token_ids=(token,),
-                                        text=text, logprobs=(lp,) if lp is not None else None, tool_calls=calls))
-            events.extend(requested)
-            if reason is not None:
-                self._finish(rec, reason, stop_reason, "", t, events)
+                                        text=out.text, logprobs=out.logprobs, tool_calls=out.tool_calls,
+                                        reasoning=out.reasoning, reasoning_tokens=out.reasoning_tokens))
+            if out.calls:
+                self._requested(rec, out, events)
+            if out.reason is not None:
+                self._finish(rec, out, t, events, emitted=True)
 
-    def _finish(self, rec: RequestRecord, reason: str, stop_reason: Any, tail: str, t: float, events: list) -> None:
+    def _requested(self, rec: RequestRecord, out: Released, events: list) -> None:
+        tools = rec.output.tools
+        if tools is not None:
+            tools.requested(out.calls, events)
+
+    def _finish(self, rec: RequestRecord, out: Released, t: float, events: list, emitted: bool = False) -> None:
+        """End `rec` with what its output stage released last (`emitted`: already in a TokensEmitted)."""
         req = rec.request
-        calls, requested = None, []
-        if rec.tools is not None:
-            tail, calls = rec.tools.feed(tail, True, requested)
-            if rec.tools.calls and reason == "stop":
-                reason = "tool_calls"
-        if tail or calls:
-            events.append(TokensEmitted(request_id=req.request_id, task_id=req.task_id, ts=t, token_ids=(), text=tail,
-                                        tool_calls=calls))
-        events.extend(requested)
+        if not emitted:
+            if not out.empty:
+                events.append(TokensEmitted(request_id=req.request_id, task_id=req.task_id, ts=t, token_ids=(),
+                                            text=out.text, logprobs=out.logprobs, tool_calls=out.tool_calls,
+                                            reasoning=out.reasoning))
+            if out.calls:
+                self._requested(rec, out, events)
+        reason, stop_reason = out.reason or "abort", out.stop_reason
         req.finish_reason, req.stop_reason = reason, stop_reason
         self.scheduler.finish(req)
         req.status = Status.FINISHED
         del self.records[req.request_id]
+        output = rec.output
         usage = Usage(prompt_tokens=req.num_prompt_tokens, cached_tokens=req.num_cached_tokens,
-                      completion_tokens=req.num_output_tokens,
-                      reasoning_tokens=count_reasoning_tokens(req.all_token_ids, req.num_prompt_tokens,
-                                                              self.think_token_ids))
+                      completion_tokens=req.num_output_tokens, reasoning_tokens=output.reasoning_tokens)
         timings = Timings(received=rec.received, admitted=rec.admitted, scheduled=rec.scheduled,
                           first_token=rec.first_token, last_token=rec.last_token, finished=t)
         events.append(Finished(request_id=req.request_id, task_id=req.task_id, ts=t, reason=reason, usage=usage,
-                               timings=timings, text=rec.output.text, stop_reason=stop_reason))
+                               timings=timings, text=output.text, stop_reason=stop_reason,
+                               reasoning=output.reasoning_text))
 
     def _fail(self, req: Request, error_type: str, message: str, events: list) -> None:
         rec = self.records.pop(req.request_id, None)
@@ -246,5 +246,5 @@ class Engine:
             self.scheduler.add(rec.request)
         self._inbox = []
         for rec in list(self.records.values()):
-            self._finish(rec, reason, None, rec.output.close(), now(), events)
+            self._finish(rec, rec.output.close(reason), now(), events)
         self.bus.publish(events)

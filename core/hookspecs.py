@@ -145,6 +145,17 @@ def register_tool_parsers(register: Any) -> None:
 
 
 @hookspec
+def register_reasoning_parsers(register: Any) -> None:
+    """Call `register(name, parser_factory, markers=(...))` for each way a model writes reasoning.
+
+    `parser_factory(tokenizer=, prompt_token_ids=, chat_template_kwargs=)` (any subset) returns a
+    fresh `modelcall.core.reasoning.ReasoningParser` for one chat response, or None when reasoning
+    is off for it; `markers` are strings that must all appear in a model's chat template for this
+    parser to be its default when the configuration (`plugin_config["reasoning"]["parser"]`) names
+    none."""
+
+
+@hookspec
 def register_tools(register: Any) -> None:
     """Call `register(function)` for each tool an agent runtime may offer the model."""
 

@@ -23,11 +23,10 @@ from modelcall.core.prompt import answered_calls
 from modelcall.core.handle import Completion, RequestHandle
 from modelcall.core.host import PluginHost, PluginLike
 from modelcall.core.metering import Caller, Exchange
-from modelcall.core.output import OutputState
+from modelcall.core.output import OutputStage
 from modelcall.core.params import SamplingParams
 from modelcall.core.plan import ModelSpec
 from modelcall.core.request import Request
-from modelcall.core.safety import FilteredOutputState, output_chain
 from modelcall.core.stages import KVCachePolicy, ModelRunner, Sampler, Scheduler, Tokenizer
 from modelcall.core.tooling import ToolSupport
 from modelcall.events import (
@@ -58,6 +57,7 @@ class Kernel:
         self.safety_filters: list[tuple[str, Any]] = []
         self.meters: list[tuple[str, Any]] = []
         self.tools: ToolSupport | None = None  # tool-call parsers and the constraint backend
+        self.output_stage: OutputStage | None = None  # builds each request's output pipeline
         self._reservers: list[Any] = []               # meters with reserve(admission)
         self._output_filters: list[tuple[str, Any]] = []  # safety filters with output_filter(request)
         self.engine: Engine | None = None
@@ -144,9 +144,9 @@ class Kernel:
         self._reservers = [m for _, m in self.meters if hasattr(m, "reserve")]
         self._output_filters = [(n, f) for n, f in self.safety_filters if hasattr(f, "output_filter")]
         self.tools = ToolSupport.assemble(host, cfg, self.tokenizer, self.model_dir, self.bus)
+        self.output_stage = OutputStage.assemble(host, cfg, self.tokenizer, self._output_filters)
         self.bus.freeze()
         self.engine = Engine(self.scheduler, self.runner, self.kv, self.bus, self.window, cfg.consumer_timeout_s)
-        self.engine.think_token_ids = getattr(self.tokenizer, "think_token_ids", None)
         await host.lifecycle("startup", done=started, kernel=self)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
@@ -268,7 +268,7 @@ class Kernel:
                          context_policy=context_policy, retries=retries, sequences=sequences, caller=caller,
                          exchange=exchange)
         e = await self.entry.run(inp)
-        handle = self._admit(rid, e, received, messages)
+        handle = self._admit(rid, e, received, messages, chat_template_kwargs)
         if exchange is not None:
             exchange.handles.append(handle)
         return handle
@@ -284,21 +284,19 @@ class Kernel:
                          caller=caller, exchange=exchange, sequences=0)
         return await self.entry.count(inp)
 
-    def _admit(self, rid: str, e: Entered, received: float, messages: list[dict] | None) -> RequestHandle:
+    def _admit(self, rid: str, e: Entered, received: float, messages: list[dict] | None,
+               chat_template_kwargs: dict | None = None) -> RequestHandle:
         """The last entry step: the request's state, output pipeline, events, and the engine's inbox."""
         ids, params, max_tokens, task_id, caller, prepared = e.ids, e.params, e.max_tokens, e.task_id, e.caller, e.prepared
         priority, cache_salt, parts, context, retries = e.priority, e.cache_salt, e.parts, e.context, e.retries
         req = Request(rid, ids, params, task_id=task_id, priority=priority, arrival=received,
                       cache_salt=cache_salt, max_tokens=max_tokens, eos_token_ids=self.spec.eos_token_ids
                       | self.tokenizer.eos_token_ids)
-        detok = self.tokenizer.detokenizer(ids, skip_special_tokens=params.skip_special_tokens)
-        chain = output_chain(self._output_filters, req) if self._output_filters else None
-        output = (OutputState(detok, params.stop, params.include_stop_str_in_output) if chain is None
-                  else FilteredOutputState(detok, params.stop, params.include_stop_str_in_output, chain))
+        output = self.output_stage.open(req, tool_stream=prepared.stream if prepared is not None else None,
+                                        chat=messages is not None, chat_template_kwargs=chat_template_kwargs)
         record = RequestRecord(req, output, received, now())
         if prepared is not None:
             req.logits_processors.extend(prepared.processors)
-            record.tools = prepared.stream
         stream = self.bus.open_stream(rid, self.config.stream_capacity)
         assert self.engine is not None
         self.bus.publish((

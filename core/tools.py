@@ -108,21 +108,28 @@ class ToolCallStream:
         self.calls: list[ToolCall] = []
         self.done = False
 
-    def feed(self, text: str, final: bool, events: list) -> tuple[str, tuple[ToolCallDelta, ...] | None]:
-        """Parse `text` (and, when `final`, everything held back); append a `ToolRequested` to
-        `events` for each call completed; return (content text, tool-call deltas or None)."""
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """Markup strings the parser reads (a tokenizer may make them special tokens)."""
+        return tuple(getattr(self.parser, "tags", None) or getattr(self.parser, "markers", ()) or ())
+
+    def feed(self, text: str, final: bool) -> ParserDelta:
+        """Parse `text` (and, when `final`, everything held back): content, deltas, completed calls."""
         if self.done:
-            return text, None
+            return ParserDelta(text)
         d = self.parser.feed(text) if text else ParserDelta()
         if final:
             self.done = True
             f = self.parser.finish()
             d = ParserDelta(d.content + f.content, d.deltas + f.deltas, d.completed + f.completed)
-        for call in d.completed:
+        return d
+
+    def requested(self, calls: tuple[ToolCall, ...], events: list) -> None:
+        """Record complete calls (after the output filters) and append their `ToolRequested`."""
+        for call in calls:
             self.calls.append(call)
             events.append(ToolRequested(request_id=self.request_id, task_id=self.task_id, call_id=call.id,
                                         name=call.name, arguments=call.arguments))
-        return d.content, d.deltas or None
 
 
 def default_call_id(request_id: str) -> Callable[[int], str]:

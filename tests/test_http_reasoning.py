@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from http_server import ServerThread
 
-from modelcall.plugins.http.reasoning import ReasoningSplitter
+from modelcall.plugins.reasoning.think import ThinkParser
 from modelcall.testing.scripted import ScriptedSampler
 
 THOUGHT, ANSWER = "I should greet them warmly.", "Hello there, 你好!"
@@ -66,18 +66,19 @@ def test_anthropic_thinking_blocks_whole_and_streamed(scripted):
            [b.model_dump(exclude={"signature"}) for b in whole.content]
 
 
-# ---- the splitter alone -------------------------------------------------------------------------
+# ---- the parser alone -------------------------------------------------------------------------
 
 TOKENS = [(1, "Hi "), (START, "<think>"), (2, "\nhmm"), (3, " <not a tag>"), (END, "</think>"), (4, "\n\nYes"), (5, ".")]
 
 
-def run(splitter: ReasoningSplitter, deltas: list[list[tuple[int, str]]]) -> tuple[str, str]:
-    reasoning, answer = "", ""
+def run(parser: ThinkParser, deltas: list[list[tuple[int, str]]]) -> tuple[str, str, int]:
+    reasoning, answer, n = "", "", 0
     for d in deltas:
-        r, a = splitter.feed([t for t, _ in d], "".join(s for _, s in d))
+        n += sum(parser.is_reasoning(t) for t, _ in d)
+        r, a = parser.feed("".join(s for _, s in d))
         reasoning, answer = reasoning + r, answer + a
-    r, a = splitter.flush()
-    return reasoning + r, answer + a
+    r, a = parser.finish()
+    return reasoning + r, answer + a, n
 
 
 @settings(max_examples=200, deadline=None)
@@ -85,29 +86,21 @@ def run(splitter: ReasoningSplitter, deltas: list[list[tuple[int, str]]]) -> tup
 def test_splitting_does_not_depend_on_how_tokens_are_grouped(cuts):
     bounds = [0, *cuts, len(TOKENS)]
     deltas = [TOKENS[a:b] for a, b in zip(bounds, bounds[1:])]
-    s = ReasoningSplitter(START, END)
-    assert run(s, deltas) == ("hmm <not a tag>", "Hi Yes.")
-    assert s.reasoning_tokens == 4
+    assert run(ThinkParser(START, END), deltas) == ("hmm <not a tag>", "Hi Yes.", 4)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.text(alphabet="ab<>/thinkTHINK", max_size=40), st.lists(st.integers(0, 40), max_size=6))
 def test_text_split_anywhere_gives_the_same_result(text, cuts):
-    whole = run(ReasoningSplitter(START, END), [[(0, text)]])
+    whole = run(ThinkParser(START, END), [[(0, text)]])
     pieces, last = [], 0
     for c in sorted(set(min(c, len(text)) for c in cuts)):
         pieces.append([(0, text[last:c])])
         last = c
     pieces.append([(0, text[last:])])
-    assert run(ReasoningSplitter(START, END), pieces) == whole
+    assert run(ThinkParser(START, END), pieces) == whole
 
 
 def test_a_prompt_that_opens_thinking_starts_in_reasoning():
-    s = ReasoningSplitter(START, END, prompt_token_ids=[1, 2, START, 9])
-    assert run(s, [[(2, "thinking")], [(END, "</think>")], [(4, "\nanswer")]]) == ("thinking", "answer")
-    assert s.reasoning_tokens == 2
-
-
-def test_think_tokens_skipped_as_special_still_split():
-    s = ReasoningSplitter(START, END)
-    assert run(s, [[(START, "")], [(2, "deep")], [(END, "")], [(4, "done")]]) == ("deep", "done")
+    assert run(ThinkParser(START, END, inside=True), [[(2, "thinking")], [(END, "</think>")], [(4, "\nanswer")]]) \
+        == ("thinking", "answer", 2)

@@ -6,7 +6,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from modelcall.events import Finished, RequestFailed, TokensEmitted
+from modelcall.events import Finished, RequestFailed, TokensEmitted, ToolRequested
 from modelcall.plugins.http import sse
 from modelcall.plugins.http.errors import ApiError, sse_error_payload
 from modelcall.plugins.http.schemas_anthropic import (
@@ -106,7 +106,7 @@ async def handle(request: web.Request, ctx: ServingContext, body: MessagesReques
                                chat_template_kwargs=_template_kwargs(body), task_id=task_id_of(request),
                                **anthropic_options(body))
     try:
-        g = Generation(0, handles[0], ctx.splitter(handles[0]))
+        g = Generation(0, handles[0])
         mid = "msg_" + handles[0].request_id
         if body.stream:
             return await _stream(request, ctx, g, mid, model)
@@ -119,6 +119,8 @@ async def _whole(g: Generation, mid: str, model: str) -> web.Response:
     async for ev in g.handle:
         if type(ev) is TokensEmitted:
             g.on_tokens(ev)
+        elif type(ev) is ToolRequested:
+            g.on_tool(ev)
         elif type(ev) is Finished or type(ev) is RequestFailed:
             check_outcome(ev)
             g.on_finished(ev)

@@ -36,7 +36,7 @@ async def handle(request: web.Request, ctx: ServingContext, body: ChatCompletion
     params = sampling_params(sampling_fields(body, max_tokens=max_tokens, logprobs=logprobs), body.n)
     handles = await ctx.submit(params, **submit_kw)
     try:
-        gens = [Generation(i, h, ctx.splitter(h)) for i, h in enumerate(handles)]
+        gens = [Generation(i, h) for i, h in enumerate(handles)]
         rid = "chatcmpl-" + handles[0].request_id
         if body.stream:
             return await _stream(request, ctx, body, gens, rid, model)

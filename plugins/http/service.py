@@ -1,5 +1,5 @@
 """What every protocol handler shares: the kernel, model names, admission of n requests, and
-per-choice output state (reasoning split, logprobs, finish) read from kernel events."""
+per-choice output state (content, reasoning, calls, logprobs, finish) read from kernel events."""
 from __future__ import annotations
 
 import asyncio
@@ -14,8 +14,8 @@ import msgspec
 from modelcall.core import Kernel, ModelcallError, RequestHandle, SamplingParams
 from modelcall.core.metering import EXCHANGE_KEY, Exchange
 from modelcall.events import Finished, PositionLogprobs, RequestFailed, TokensEmitted, Usage
+from modelcall.events import ToolRequested
 from modelcall.plugins.http.errors import ApiError
-from modelcall.plugins.http.reasoning import ReasoningSplitter
 from modelcall.plugins.http.settings import ServerSettings
 from modelcall.plugins.http.tool_calls import ToolCalls
 
@@ -89,8 +89,9 @@ class ServingContext:
         except BaseException as e:
             raise as_api_error(e) from e
 
-    def splitter(self, handle: RequestHandle) -> ReasoningSplitter | None:
-        return ReasoningSplitter.for_tokenizer(self.kernel.tokenizer, handle.prompt_token_ids)
+    def splitter(self, handle: RequestHandle) -> None:
+        """Kept for older callers: the kernel's output stage splits reasoning now (TokensEmitted.reasoning)."""
+        return None
 
 
 def as_api_error(e: BaseException) -> BaseException:
@@ -123,12 +124,14 @@ def unix_time() -> int:
 
 
 class Generation:
-    """The output of one choice so far: answer and reasoning text, logprobs, and how it ended."""
+    """The output of one choice so far, as the kernel's output stage split it: answer and reasoning
+    text, logprobs, the complete tool calls (ToolRequested) and how it ended. It renders; it decides
+    nothing (no parsing, no counting)."""
 
     __slots__ = ("index", "handle", "splitter", "content", "reasoning", "logprobs", "finished", "num_tokens",
                  "tool_calls")
 
-    def __init__(self, index: int, handle: RequestHandle, splitter: ReasoningSplitter | None) -> None:
+    def __init__(self, index: int, handle: RequestHandle, splitter: Any = None) -> None:
         self.index = index
         self.handle = handle
         self.splitter = splitter
@@ -140,33 +143,24 @@ class Generation:
         self.tool_calls = ToolCalls()
 
     def on_tokens(self, ev: TokensEmitted) -> tuple[str, str]:
-        """Account for one delta; returns (reasoning, answer) text it adds."""
+        """Account for one delta; returns the (reasoning, answer) text it adds."""
         self.num_tokens += len(ev.token_ids)
         if ev.logprobs:
             self.logprobs.extend(ev.logprobs)
-        if ev.tool_calls:
-            self.tool_calls.feed(ev.tool_calls)
-        if self.splitter is None:
-            reasoning, answer = "", ev.text
-        else:
-            reasoning, answer = self.splitter.feed(ev.token_ids, ev.text)
-        if reasoning:
-            self.reasoning.append(reasoning)
-        if answer:
-            self.content.append(answer)
-        return reasoning, answer
+        if ev.reasoning:
+            self.reasoning.append(ev.reasoning)
+        if ev.text:
+            self.content.append(ev.text)
+        return ev.reasoning, ev.text
+
+    def on_tool(self, ev: ToolRequested) -> None:
+        """One complete call: whole responses list exactly these."""
+        self.tool_calls.add(ev)
 
     def on_finished(self, ev: Finished) -> tuple[str, str]:
-        """Record the end; returns the text a splitter still held."""
+        """Record the end (the kernel released everything held before Finished)."""
         self.finished = ev
-        if self.splitter is None:
-            return "", ""
-        reasoning, answer = self.splitter.flush()
-        if reasoning:
-            self.reasoning.append(reasoning)
-        if answer:
-            self.content.append(answer)
-        return reasoning, answer
+        return "", ""
 
     @property
     def text(self) -> str:
@@ -178,12 +172,11 @@ class Generation:
 
     @property
     def reasoning_tokens(self) -> int:
-        return self.splitter.reasoning_tokens if self.splitter is not None else 0
+        return self.finished.usage.reasoning_tokens if self.finished is not None else 0
 
     @property
     def usage(self) -> Usage:
-        u = self.finished.usage if self.finished is not None else Usage()
-        return msgspec.structs.replace(u, reasoning_tokens=self.reasoning_tokens)
+        return self.finished.usage if self.finished is not None else Usage()
 
 
 def check_outcome(ev: object) -> None:
@@ -210,6 +203,8 @@ async def read_whole(gens: Sequence[Any]) -> None:
     async for i, ev in events_of([g.handle for g in gens]):
         if type(ev) is TokensEmitted:
             gens[i].on_tokens(ev)
+        elif type(ev) is ToolRequested:
+            gens[i].on_tool(ev)
         elif type(ev) is Finished or type(ev) is RequestFailed:
             check_outcome(ev)
             gens[i].on_finished(ev)

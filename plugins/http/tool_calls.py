@@ -1,5 +1,6 @@
-"""Tool calls on the wire: request options to kernel arguments, and the kernel's
-`TokensEmitted.tool_calls` deltas to OpenAI `tool_calls` deltas and Anthropic `tool_use` blocks."""
+"""Tool calls on the wire: request options to kernel arguments, and rendering what the kernel decided:
+`TokensEmitted.tool_calls` deltas as OpenAI `tool_calls` deltas and Anthropic `tool_use` blocks, and
+complete calls (`ToolRequested`) in whole responses. Nothing here parses model output."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from modelcall.events import ToolCallDelta
+from modelcall.events import ToolCallDelta, ToolRequested
 from modelcall.plugins.http.errors import ApiError
 
 TASK_HEADER = "x-modelcall-task-id"
@@ -46,18 +47,15 @@ def anthropic_options(body: Any) -> dict[str, Any]:
 
 
 class ToolCalls:
-    """The calls of one response, assembled from deltas (for whole responses)."""
+    """The complete calls of one response (its ToolRequested events), for whole responses."""
 
     __slots__ = ("calls",)
 
     def __init__(self) -> None:
         self.calls: list[dict[str, str]] = []
 
-    def feed(self, deltas: Sequence[ToolCallDelta]) -> None:
-        for d in deltas:
-            if d.name is not None:
-                self.calls.append({"id": d.id or "", "name": d.name, "arguments": ""})
-            self.calls[d.index]["arguments"] += d.arguments
+    def add(self, ev: ToolRequested) -> None:
+        self.calls.append({"id": ev.call_id, "name": ev.name, "arguments": ev.arguments})
 
     def __bool__(self) -> bool:
         return bool(self.calls)
