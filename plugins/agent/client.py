@@ -17,6 +17,22 @@ TASK_HEADER = "x-modelcall-task-id"
 RETRIES_HEADER = "x-modelcall-retries"
 
 
+def traceparent(trace_ids: dict[str, str], task_id: str) -> str:
+    """A W3C `traceparent` for one model request: under the app's current OpenTelemetry span when
+    it has one, else in one trace per task (a new span id per request), so the server's spans of
+    a task's requests land in one trace."""
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        pass
+    else:
+        ctx = trace.get_current_span().get_span_context()
+        if ctx.is_valid:
+            return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+    trace_id = trace_ids.setdefault(task_id, f"{random.getrandbits(128) or 1:032x}")
+    return f"00-{trace_id}-{random.getrandbits(64) or 1:016x}-01"
+
+
 def parse_server_timing(header: str | None) -> dict[str, float]:
     """{"queue_s": ..., "prefill_s": ..., "decode_s": ..., "e2e_s": ...} from `Server-Timing` (ms)."""
     out: dict[str, float] = {}
@@ -95,6 +111,7 @@ class OpenAIChatClient:
         self.retry = retry or RetryPolicy()
         self.timeout_s = timeout_s
         self._session: Any = None
+        self._trace_ids: dict[str, str] = {}  # task id -> W3C trace id of its requests
 
     async def _http(self) -> Any:
         import aiohttp
@@ -114,7 +131,7 @@ class OpenAIChatClient:
         if tools:
             body["tools"] = tools
             body["tool_choice"] = tool_choice
-        headers = {TASK_HEADER: task_id}
+        headers = {TASK_HEADER: task_id, "traceparent": traceparent(self._trace_ids, task_id)}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         retries: list[Retry] = []

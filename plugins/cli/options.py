@@ -64,6 +64,11 @@ def add_kernel_options(parser: argparse.ArgumentParser) -> None:
                    help=f"pick the implementation of a stage ({', '.join(STAGES)}); repeatable")
     g.add_argument("--plugin-config", action="append", default=[], metavar="PLUGIN=JSON",
                    help="a JSON object of settings for one plugin; repeatable")
+    t = parser.add_argument_group("traces")
+    t.add_argument("--otlp-traces-endpoint", metavar="URL",
+                   help="export a trace per model request over OTLP/HTTP, e.g. http://127.0.0.1:4318/v1/traces")
+    t.add_argument("--otlp-capture-content", action="store_true",
+                   help="put prompt and output text in the spans (gen_ai.input/output.messages)")
 
 
 # option dest -> KernelConfig field, for the options whose value is used as given
@@ -94,6 +99,9 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> KernelConfig
             raise CommandError(f"--stage {item!r}: expected STAGE=NAME with STAGE one of {', '.join(STAGES)}")
         fields[stage] = name
     plugin_config: dict[str, dict] = {}
+    if getattr(args, "otlp_traces_endpoint", None):  # an explicit --plugin-config otel=... below wins
+        plugin_config["otel"] = {"endpoint": args.otlp_traces_endpoint,
+                                 "capture_content": bool(getattr(args, "otlp_capture_content", False))}
     for item in getattr(args, "plugin_config", ()):
         name, _, raw = item.partition("=")
         try:

@@ -1,0 +1,1 @@
+"""OpenTelemetry traces of model requests (`--otlp-traces-endpoint URL`): see plugins/otel/plugin.py."""
