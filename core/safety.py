@@ -178,7 +178,8 @@ class LogprobGate:
     The sampled tokens' text (before stop strings and splits) runs through a chain of its own;
     while what the chain releases is a prefix of what it was given, the positions it covers go
     out. When it rewrites something, the positions not yet covered are withheld and a fresh chain
-    starts, primed with that text so a pattern that began there is still seen.
+    reads what follows (a pattern that began inside the withheld text is not seen by it; the
+    content chain still is, and a block there withholds everything pending).
     """
 
     CONTEXT = 64  # characters of released text an alternative token is checked after
@@ -207,16 +208,9 @@ class LogprobGate:
             return ()
         if given.startswith(out):
             return self._release(len(out), final)
-        k = _common_prefix(given, out)
-        released = self._release(k, False)
-        tainted = "".join(t for _, t in self.pending)
-        self.pending = []
-        self.chain = self.make_chain()
-        primed = self.chain.push(tainted, final)
-        if self.chain.blocked is not None or not tainted.startswith(primed):
-            self.dead = True
-        elif len(primed) < len(tainted):
-            self.pending = [[None, tainted[len(primed):]]]
+        released = self._release(_common_prefix(given, out), False)
+        self.pending = []   # NOTE: what the filters rewrote is withheld, with everything not yet decided
+        self.chain = None   # and a fresh chain reads what follows
         return released
 
     def _release(self, n: int, final: bool) -> tuple[PositionLogprobs, ...]:
