@@ -13,7 +13,7 @@ from modelcall.core.plan import SchedulePlan, StepOutput
 from modelcall.core.request import Request, Status
 from modelcall.core.stages import KVCachePolicy, ModelRunner, Scheduler
 from modelcall.events import (
-    EventBus, Finished, Preempted, PrefillDone, RequestFailed, RequestScheduled, StepDone, Timings,
+    EventBus, Finished, Preempted, PrefillDone, PromptLogprobs, RequestFailed, RequestScheduled, StepDone, Timings,
     TokensEmitted, Usage, now,
 )
 
@@ -182,8 +182,13 @@ class Engine:
             req = chunk.request
             req.num_computed_tokens += chunk.num_new_tokens
             self.kv.commit(req)
+            if req.params.prompt_logprobs is not None:
+                self._note_prompt_logprobs(req, output, i, t, events)
             token = output.token_ids[i]
             if token is None or req.status is Status.FINISHED:
+                if req.max_tokens == 0 and req.num_computed_tokens >= req.num_prompt_tokens and not req.is_finished:
+                    rec = self.records[req.request_id]  # scored, nothing to generate (max_tokens 0)
+                    self._finish(rec, rec.output.close("length"), t, events)
                 continue
             rec = self.records[req.request_id]
             req.all_token_ids.append(token)
@@ -199,6 +204,16 @@ class Engine:
                 self._requested(rec, out, events)
             if out.reason is not None:
                 self._finish(rec, out, t, events, emitted=True)
+
+    def _note_prompt_logprobs(self, req: Request, output: StepOutput, i: int, t: float, events: list) -> None:
+        """Keep the chunk's prompt logprobs; once the prompt is computed, send them all (once)."""
+        if output.prompt_logprobs is not None and output.prompt_logprobs[i]:
+            req.prompt_logprobs.extend(output.prompt_logprobs[i])
+            req.prompt_ranks.extend(output.prompt_ranks[i] if output.prompt_ranks is not None else ())
+        if not req.prompt_logprobs_sent and req.num_computed_tokens >= req.num_prompt_tokens:
+            req.prompt_logprobs_sent = True
+            events.append(PromptLogprobs(request_id=req.request_id, task_id=req.task_id, ts=t,
+                                         logprobs=(None, *req.prompt_logprobs), ranks=(0, *req.prompt_ranks)))
 
     def _requested(self, rec: RequestRecord, out: Released, events: list) -> None:
         tools = rec.output.tools

@@ -30,9 +30,14 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None
+    # Log-probability of every prompt token but the first (which has no context) and the N most
+    # likely alternatives there, computed in the prefill forward itself (vLLM's `prompt_logprobs`).
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")
+        # NOTE: max_tokens 0 scores the prompt without generating; only meaningful with prompt logprobs.
+        _check(self.max_tokens is None or self.max_tokens >= 1 or (self.max_tokens == 0 and self.prompt_logprobs is not None),
+               "max_tokens", f"must be at least 1 (0 only with prompt_logprobs, to score a prompt), got {self.max_tokens}")
         _check(self.min_tokens >= 0, "min_tokens", f"must be >= 0, got {self.min_tokens}")
         _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
                f"{self.min_tokens} exceeds max_tokens {self.max_tokens}")
@@ -47,6 +52,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         _check(len(self.stop) <= 16, "stop", f"at most 16 stop strings, got {len(self.stop)}")
         _check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "token ids must be >= 0")
         _check(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", f"must be in [0, 20], got {self.logprobs}")
+        _check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20, "prompt_logprobs",
+               f"must be in [0, 20], got {self.prompt_logprobs}")
         _check(self.seed is None or 0 <= self.seed < 2**63, "seed", f"must be in [0, 2**63), got {self.seed}")
 
     @property

@@ -18,6 +18,9 @@ class ScheduledChunk:
     request: Request
     num_new_tokens: int
     sample: bool
+    # A fork (n > 1): this chunk computes nothing (num_new_tokens 0) and samples its first token from
+    # the last row of `fork_of`'s chunk in the same plan, whose prompt it shares.
+    fork_of: Request | None = None
 
 
 @dataclass(slots=True)
@@ -27,6 +30,9 @@ class SchedulePlan:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)   # lost their blocks this step
     newly_scheduled: list[Request] = field(default_factory=list)  # scheduled for the first time
+    # (source block, destination block): copy the K/V of these blocks after this step's forward and
+    # before sampling (copy on write of a forked request's last partial block).
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -42,6 +48,10 @@ class StepOutput:
 
     token_ids: list[int | None]
     logprobs: list[PositionLogprobs | None] | None = None
+    # Per chunk: the logprobs of the prompt tokens after the chunk's rows that asked for them
+    # (request.prompt_logprobs grows by these), and the rank of each of those tokens.
+    prompt_logprobs: list[list[PositionLogprobs] | None] | None = None
+    prompt_ranks: list[list[int] | None] | None = None
     forward_s: float = 0.0
 
 

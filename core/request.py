@@ -53,6 +53,16 @@ class Request:
         self.logits_processors: list[Any] = []
         self.sampler_state: Any = None  # per-request state of the sampler (e.g. its seeded generator)
         self.extra: dict[str, Any] = {}  # room for plugins; never read by the kernel
+        # With params.prompt_logprobs: entry j is the logprob of prompt token j + 1 (token 0 has none),
+        # appended by the kernel from each prefill chunk's output. Positions already here are never
+        # computed again (after preemption), and the prefix cache never covers the ones still missing.
+        self.prompt_logprobs: list[Any] = []
+        self.prompt_ranks: list[int] = []
+        self.prompt_logprobs_sent = False
+        # n > 1: the request whose prompt this one shares (same ids). The scheduler may fork it from
+        # that request's prefill (shared blocks, copy on write of the last partial one) instead of
+        # computing the prompt again.
+        self.fork_of: str | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -73,6 +83,11 @@ class Request:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.all_token_ids) - self.num_computed_tokens
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Prompt logprobs were asked and some are still to compute."""
+        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens - 1
 
     @property
     def is_finished(self) -> bool:

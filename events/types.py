@@ -121,6 +121,15 @@ class PrefillDone(Event):
     first_token_id: int
 
 
+class PromptLogprobs(Event):
+    """Every prompt token's log-probability given the tokens before it (the first has none), sent once
+    when the whole prompt is computed, before any token is emitted. `ranks[i]` is the rank of token i
+    in its distribution (1: most likely; 0 for the first token)."""
+
+    logprobs: tuple[PositionLogprobs | None, ...]
+    ranks: tuple[int, ...] = ()
+
+
 class TokensEmitted(Event):
     """What one request's output stage released in one engine step, split by where it goes.
 
@@ -243,12 +252,12 @@ class StepDone(msgspec.Struct, frozen=True, gc=False, tag=True, kw_only=True):
 
 
 REQUEST_EVENTS = (
-    RequestAdmitted, RequestQueued, RequestScheduled, PrefillDone, TokensEmitted, Preempted,
+    RequestAdmitted, RequestQueued, RequestScheduled, PrefillDone, PromptLogprobs, TokensEmitted, Preempted,
     ToolRequested, ToolExecuted, ToolFailed, Finished, RequestRejected, RequestFailed, ResponseSent,
 )
 TERMINAL_EVENTS = (Finished, RequestRejected, RequestFailed)
 AnyEvent = (
-    RequestAdmitted | RequestQueued | RequestScheduled | PrefillDone | TokensEmitted | Preempted
+    RequestAdmitted | RequestQueued | RequestScheduled | PrefillDone | PromptLogprobs | TokensEmitted | Preempted
     | ToolRequested | ToolExecuted | ToolFailed | Finished | RequestRejected | RequestFailed | StepDone
     | ResponseSent
 )

@@ -27,6 +27,7 @@ from modelcall.plugins.http.errors import ApiError, error_response, is_anthropic
 from modelcall.plugins.http.service import ServingContext
 from modelcall.plugins.http.settings import ServerSettings
 from modelcall.plugins.http.sse import DONE, STREAM
+from modelcall.plugins.http.tokenize import routes as tokenizer_routes
 
 log = logging.getLogger("modelcall.http")
 
@@ -60,7 +61,7 @@ def create_app(kernel: Kernel, settings: ServerSettings | None = None, *, middle
     add("GET", "/health", health)
     add("GET", "/ready", ready)
     add("GET", "/-/stats", stats)
-    extra = [*hook_routes, *routes]
+    extra = [*tokenizer_routes(ctx), *hook_routes, *routes]  # tokenizer routes: vLLM's /tokenize, /detokenize, ...
     for method, path, handler in extra:
         add(method, path, handler)
     doc = msgspec.json.encode(openapi.document(extra_paths=_extra_paths(extra)))

@@ -16,6 +16,7 @@ from modelcall.plugins.http.schemas_openai import (
     ChatDelta, ChatMessage, DeveloperMessage, FunctionCall, ImagePart, Message, SystemMessage, ToolCall, ToolCallDelta,
     ToolMessage, encoder,
 )
+from modelcall.plugins.http.prompt_logprobs import MAX_TOP, vllm_prompt_logprobs
 from modelcall.plugins.http.timing import server_timing
 from modelcall.plugins.http.tool_calls import openai_calls, openai_deltas, openai_options, task_id_of
 from modelcall.plugins.http.service import (
@@ -113,8 +114,10 @@ async def _whole(ctx: ServingContext, gens: list[Generation], rid: str, model: s
                           finish_reason=finish_reason(g.finished.reason),
                           logprobs=chat_logprobs(ctx, g.logprobs) if want_logprobs else None)
                for g in gens]
+    scored = gens[0].prompt_logprobs  # only when the request asked (vLLM's prompt_logprobs), N alternatives each
     body = ChatCompletion(id=rid, created=unix_time(), model=model, choices=choices,
-                          usage=usage_info(total_usage(gens)))
+                          usage=usage_info(total_usage(gens)),
+                          prompt_logprobs=vllm_prompt_logprobs(ctx, scored, MAX_TOP) if scored is not None else None)
     return web.Response(body=encoder.encode(body), content_type="application/json",
                         headers=server_timing(gens[0].finished if len(gens) == 1 else None))
 

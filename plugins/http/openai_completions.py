@@ -6,11 +6,14 @@ from typing import Any
 from aiohttp import web
 
 from modelcall.core import RequestHandle
-from modelcall.events import Finished, RequestFailed, TokensEmitted, Usage
+from modelcall.events import Finished, PromptLogprobs, RequestFailed, TokensEmitted, Usage
 from modelcall.plugins.http import sse
 from modelcall.plugins.http.errors import ApiError, sse_error_payload
 from modelcall.plugins.http.openai_common import completion_logprobs, finish_reason, sampling_fields, usage_info
-from modelcall.plugins.http.schemas_openai import Completion, CompletionChoice, CompletionRequest, encoder
+from modelcall.plugins.http.prompt_logprobs import echo_logprobs, vllm_prompt_logprobs
+from modelcall.plugins.http.schemas_openai import (
+    Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, encoder,
+)
 from modelcall.plugins.http.service import (
     Generation, ServingContext, check_outcome, close_all, events_of, read_whole, sampling_params, unix_time,
 )
@@ -31,13 +34,43 @@ def prompts_of(body: CompletionRequest) -> list[dict[str, Any]]:
                    param="prompt")
 
 
-async def handle(request: web.Request, ctx: ServingContext, body: CompletionRequest) -> web.StreamResponse:
-    model = ctx.check_model(body.model)
+def check_scoring(body: CompletionRequest) -> int:
+    """How many samples to draw per prompt (best_of); a 400 for the combinations that stay unsupported."""
     if body.suffix:
         raise ApiError(400, "suffix is not supported by this server", param="suffix")
-    if body.best_of is not None and body.best_of != body.n:
-        raise ApiError(400, "best_of other than n is not supported by this server", param="best_of")
-    params = sampling_params(sampling_fields(body, max_tokens=body.max_tokens, logprobs=body.logprobs), body.n)
+    best_of = body.best_of if body.best_of is not None else body.n
+    if best_of < body.n:
+        raise ApiError(400, f"best_of ({best_of}) must be at least n ({body.n})", param="best_of")
+    if best_of > body.n and body.stream:
+        raise ApiError(400, "best_of greater than n cannot stream (the best are known only at the end)",
+                       param="best_of")
+    if body.max_tokens == 0:
+        if not body.echo:
+            raise ApiError(400, "max_tokens 0 generates nothing; with echo (and logprobs) it scores the prompt",
+                           param="max_tokens")
+        if best_of > 1:
+            raise ApiError(400, f"max_tokens 0 scores the prompt once; n and best_of must be 1, got {best_of}",
+                           param="n")
+    return best_of
+
+
+def _fields(body: CompletionRequest, best_of: int) -> dict[str, Any]:
+    """Sampling fields; echo with logprobs (and max_tokens 0) need the prompt scored in the prefill."""
+    logprobs = body.logprobs
+    if best_of > body.n and logprobs is None:
+        logprobs = 0  # the sampled tokens' logprobs rank the samples
+    fields = sampling_fields(body, max_tokens=body.max_tokens, logprobs=logprobs)
+    wanted = [x for x in (body.prompt_logprobs, body.logprobs if body.echo else None) if x is not None]
+    if body.max_tokens == 0 and not wanted:
+        wanted = [0]
+    fields["prompt_logprobs"] = max(wanted) if wanted else None
+    return fields
+
+
+async def handle(request: web.Request, ctx: ServingContext, body: CompletionRequest) -> web.StreamResponse:
+    model = ctx.check_model(body.model)
+    best_of = check_scoring(body)
+    params = sampling_params(_fields(body, best_of), best_of)
     handles: list[RequestHandle] = []
     try:
         for prompt in prompts_of(body):
@@ -47,7 +80,7 @@ async def handle(request: web.Request, ctx: ServingContext, body: CompletionRequ
         rid = "cmpl-" + handles[0].request_id
         if body.stream:
             return await _stream(request, ctx, body, gens, echoes, rid, model)
-        return await _whole(ctx, body, gens, echoes, rid, model)
+        return await _whole(ctx, body, gens, echoes, rid, model, best_of)
     finally:
         close_all(handles)
 
@@ -64,14 +97,35 @@ def _usage(gens: list[Generation], n: int) -> Usage:
 
 
 async def _whole(ctx: ServingContext, body: CompletionRequest, gens: list[Generation], echoes: list[str],
-                 rid: str, model: str) -> web.Response:
+                 rid: str, model: str, best_of: int) -> web.Response:
     await read_whole(gens)
-    choices = [CompletionChoice(index=g.index, text=echoes[g.index] + g.text, finish_reason=finish_reason(g.finished.reason),
-                                logprobs=completion_logprobs(ctx, g.logprobs, len(echoes[g.index]))
-                                if body.logprobs is not None else None)
-               for g in gens]
-    out = Completion(id=rid, created=unix_time(), model=model, choices=choices, usage=usage_info(_usage(gens, body.n)))
+    usage = usage_info(_usage(gens, best_of))
+    choices = []
+    for k, group in enumerate(gens[i:i + best_of] for i in range(0, len(gens), best_of)):
+        scored = group[0].prompt_logprobs  # the first sample of a prompt scores it for all
+        for j, g in enumerate(_best(group, body.n) if best_of > body.n else group):
+            choices.append(_choice(ctx, body, g, echoes[g.index], scored, k * body.n + j))
+    out = Completion(id=rid, created=unix_time(), model=model, choices=choices, usage=usage)
     return web.Response(body=encoder.encode(out), content_type="application/json")
+
+
+def _best(group: list[Generation], n: int) -> list[Generation]:
+    """best_of: the n samples of highest cumulative logprob (OpenAI's and vLLM's ranking), best first."""
+    return sorted(group, key=lambda g: -sum(p.logprob for p in g.logprobs))[:n]
+
+
+def _choice(ctx: ServingContext, body: CompletionRequest, g: Generation, echo: str, scored: Any,
+            index: int) -> CompletionChoice:
+    logprobs = None
+    if body.logprobs is not None:
+        logprobs = completion_logprobs(ctx, g.logprobs, len(echo))
+        if body.echo:
+            head = echo_logprobs(ctx, g.handle.prompt_token_ids, scored, body.logprobs)
+            logprobs = CompletionLogprobs(head.tokens + logprobs.tokens, head.token_logprobs + logprobs.token_logprobs,
+                                          head.top_logprobs + logprobs.top_logprobs, head.text_offset + logprobs.text_offset)
+    plp = vllm_prompt_logprobs(ctx, scored, body.prompt_logprobs) if body.prompt_logprobs is not None else None
+    return CompletionChoice(index=index, text=echo + g.text, finish_reason=finish_reason(g.finished.reason),
+                            logprobs=logprobs, prompt_logprobs=plp)
 
 
 async def _stream(request: web.Request, ctx: ServingContext, body: CompletionRequest, gens: list[Generation],
@@ -85,8 +139,29 @@ async def _stream(request: web.Request, ctx: ServingContext, body: CompletionReq
 
     out = sse.SSEWriter(request)
     await out.prepare({"X-Request-Id": rid})
+    # NOTE: with prompt scores asked, a choice's first chunk (echo, prompt logprobs) waits for the
+    # scores of its prompt; what the choice produces before that is held, in order.
+    scores_first = (body.echo and body.logprobs is not None) or body.prompt_logprobs is not None
+    ready = [not scores_first] * len(gens)
+    held: list[list[bytes]] = [[] for _ in gens]
+
+    async def send(i: int, frame: bytes) -> None:
+        if ready[i]:
+            await out.send(frame)
+        else:
+            held[i].append(frame)
+
+    async def first_chunks(first: int, scored: PromptLogprobs | None) -> None:
+        for i in range(first, first + body.n):
+            lp = (echo_logprobs(ctx, gens[i].handle.prompt_token_ids, scored, body.logprobs)
+                  if body.echo and body.logprobs is not None else None)
+            plp = vllm_prompt_logprobs(ctx, scored, body.prompt_logprobs) if body.prompt_logprobs is not None else None
+            await out.send(chunk([CompletionChoice(index=i, text=echoes[i], finish_reason=None, logprobs=lp,
+                                                   prompt_logprobs=plp)]), *held[i])
+            ready[i], held[i] = True, []
+
     try:
-        if body.echo:
+        if body.echo and not scores_first:
             await out.send(*(chunk([CompletionChoice(index=i, text=e, finish_reason=None)]) for i, e in enumerate(echoes)))
         async for i, ev in events_of([g.handle for g in gens]):
             g = gens[i]
@@ -97,11 +172,13 @@ async def _stream(request: web.Request, ctx: ServingContext, body: CompletionReq
                     lp = completion_logprobs(ctx, ev.logprobs, offsets[i])
                     offsets[i] += sum(len(t) for t in lp.tokens)
                 if text or lp:
-                    await out.send(chunk([CompletionChoice(index=i, text=text, finish_reason=None, logprobs=lp)]))
+                    await send(i, chunk([CompletionChoice(index=i, text=text, finish_reason=None, logprobs=lp)]))
+            elif type(ev) is PromptLogprobs:
+                await first_chunks(i - i % body.n, ev)
             elif type(ev) is Finished or type(ev) is RequestFailed:
                 check_outcome(ev)
                 g.on_finished(ev)
-                await out.send(chunk([CompletionChoice(index=i, text="", finish_reason=finish_reason(ev.reason))]))
+                await send(i, chunk([CompletionChoice(index=i, text="", finish_reason=finish_reason(ev.reason))]))
         if body.stream_options is not None and body.stream_options.include_usage:
             await out.send(chunk([], usage=usage_info(_usage(gens, body.n))))
         await out.send(sse.DONE)

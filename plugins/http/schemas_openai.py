@@ -129,6 +129,7 @@ class KernelSampling(Struct, kw_only=True):
     stop_token_ids: Annotated[list[TokenId], Meta(max_length=64)] | None = None
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
+    prompt_logprobs: TopLogprobs | None = None  # vLLM's: logprobs of the prompt tokens, N alternatives each
     priority: Annotated[int, Meta(ge=-(2**31), le=INT32)] = 0
     cache_salt: Annotated[str, Meta(max_length=256)] | None = None
 
@@ -161,7 +162,7 @@ class ChatCompletionRequest(KernelSampling, kw_only=True):
 class CompletionRequest(KernelSampling, kw_only=True):
     prompt: str | Annotated[list[str | TokenId | list[TokenId]], Meta(min_length=1)]
     model: str | None = None
-    max_tokens: PosInt | None = 16
+    max_tokens: NonNegInt | None = 16  # 0 with echo: score the prompt, generate nothing
     temperature: Temperature | None = None
     top_p: TopP | None = None
     n: Choices = 1
@@ -235,6 +236,7 @@ class ChatCompletion(Struct):
     choices: list[ChatChoice]
     usage: UsageInfo
     object: Literal["chat.completion"] = "chat.completion"
+    prompt_logprobs: PromptLogprobsList | None = None
 
 
 class ToolCallDelta(Struct, omit_defaults=True):
@@ -269,9 +271,20 @@ class ChatCompletionChunk(Struct):
 
 class CompletionLogprobs(Struct):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]  # None for the first prompt token with echo (it has no context)
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
+
+
+class PromptLogprob(Struct):
+    """vLLM's prompt_logprobs entry: one token's logprob, its rank (1: most likely) and its text."""
+
+    logprob: float
+    rank: int | None
+    decoded_token: str
+
+
+PromptLogprobsList = list[dict[str, PromptLogprob] | None]  # per prompt token, keyed by token id; first None
 
 
 class CompletionChoice(Struct):
@@ -279,6 +292,7 @@ class CompletionChoice(Struct):
     text: str
     finish_reason: str | None
     logprobs: CompletionLogprobs | None = None
+    prompt_logprobs: PromptLogprobsList | None = None
 
 
 class Completion(Struct):

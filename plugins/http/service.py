@@ -13,7 +13,7 @@ import msgspec
 
 from modelcall.core import Kernel, ModelcallError, RequestHandle, SamplingParams
 from modelcall.core.metering import EXCHANGE_KEY, Exchange
-from modelcall.events import Finished, PositionLogprobs, RequestFailed, TokensEmitted, Usage
+from modelcall.events import Finished, PositionLogprobs, PromptLogprobs, RequestFailed, TokensEmitted, Usage
 from modelcall.events import ToolRequested
 from modelcall.plugins.http.errors import ApiError
 from modelcall.plugins.http.settings import ServerSettings
@@ -129,7 +129,7 @@ class Generation:
     nothing (no parsing, no counting)."""
 
     __slots__ = ("index", "handle", "splitter", "content", "reasoning", "logprobs", "finished", "num_tokens",
-                 "tool_calls")
+                 "tool_calls", "prompt_logprobs")
 
     def __init__(self, index: int, handle: RequestHandle, splitter: Any = None) -> None:
         self.index = index
@@ -141,6 +141,7 @@ class Generation:
         self.finished: Finished | None = None
         self.num_tokens = 0
         self.tool_calls = ToolCalls()
+        self.prompt_logprobs: PromptLogprobs | None = None  # when the request asked for them
 
     def on_tokens(self, ev: TokensEmitted) -> tuple[str, str]:
         """Account for one delta; returns the (reasoning, answer) text it adds."""
@@ -208,6 +209,8 @@ async def read_whole(gens: Sequence[Any]) -> None:
         elif type(ev) is Finished or type(ev) is RequestFailed:
             check_outcome(ev)
             gens[i].on_finished(ev)
+        elif type(ev) is PromptLogprobs:
+            gens[i].prompt_logprobs = ev
 
 
 async def events_of(handles: Sequence[RequestHandle]) -> AsyncIterator[tuple[int, Any]]:

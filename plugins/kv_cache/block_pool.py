@@ -56,6 +56,13 @@ class BlockPool:
             if on_hit is not None:
                 on_hit(b)
 
+    def share(self, blocks: Iterable[int]) -> None:
+        """Add a holder to each of `blocks`, all held already (a fork shares its parent's blocks)."""
+        for b in blocks:
+            if self.ref_cnt[b] <= 0:
+                raise RuntimeError(f"block {b} is free; only held blocks can be shared")
+            self.ref_cnt[b] += 1
+
     def release(self, blocks: Iterable[int]) -> None:
         """Drop a holder from each of `blocks`; the ones nobody holds go to the free queue in this order."""
         for b in blocks:

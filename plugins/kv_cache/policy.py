@@ -75,6 +75,32 @@ class PagedKVCache:
         for i in range(first_new, num_full):
             self.pool.cache(table[i], hashes[i])
 
+    def fork(self, parent: Request, child: Request, num_tokens: int) -> list[tuple[int, int]] | None:
+        """Give `child` (holding no blocks) the K/V of `parent`'s first `num_tokens` tokens: the full
+        blocks shared, the last partial one copied on write (into a new block of the child's, since
+        both will write their next tokens there). Returns the (source, destination) block copies the
+        runner must make after the parent's K/V are written, or None (nothing changed) without a free
+        block for the copy.
+
+            parent  [ b7 b2 | b9 ]     num_tokens = 10, block_size = 4
+            child   [ b7 b2 | b4 ]     b7, b2 shared (ref counts 2); b9 -> b4 copied
+        """
+        if child.block_table:
+            raise ValueError(f"fork needs a child holding no blocks; {child.request_id} holds {len(child.block_table)}")
+        full, partial = divmod(num_tokens, self.block_size)
+        if len(parent.block_table) < full + (1 if partial else 0):
+            raise ValueError(f"{parent.request_id} holds {len(parent.block_table)} blocks, fewer than {num_tokens} tokens need")
+        if partial and self.pool.num_free() < 1:
+            return None
+        shared = parent.block_table[:full]
+        self.pool.share(shared)
+        child.block_table = list(shared)
+        if not partial:
+            return []
+        (block,) = self.pool.take(1)
+        child.block_table.append(block)
+        return [(parent.block_table[full], block)]
+
     def free(self, request: Request) -> None:
         # NOTE: the tail first, so under LRU a request's last blocks (the least shared) are evicted first.
         self.pool.release(reversed(request.block_table))

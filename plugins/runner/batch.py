@@ -45,6 +45,11 @@ class StepBatch:
     paged_ctx_lens: list[int] = field(default_factory=list)
     paged_q_lens: list[int] = field(default_factory=list)
     fresh: list[FreshGroup] = field(default_factory=list)
+    # Prompt logprobs: flat rows whose logits score the next prompt token (`prompt_targets`), and per
+    # chunk asking, (chunk index in plan order, number of those rows, top alternatives wanted).
+    prompt_rows: torch.Tensor | None = None
+    prompt_targets: list[int] = field(default_factory=list)
+    prompt_spans: list[tuple[int, int, int]] = field(default_factory=list)
     kv: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # per layer [slots, Hkv, D]
     scratch: dict = field(default_factory=dict)  # per-step tensors shared by every layer, built lazily
 
@@ -55,6 +60,8 @@ def build_step(plan: SchedulePlan, block_size: int, device: torch.device) -> Ste
     paged: list[int] = []
     fresh_by_len: dict[int, list[int]] = {}
     for i, c in enumerate(chunks):
+        if c.fork_of is not None:
+            continue  # computes nothing: samples from the row of the chunk it was forked from
         if c.request.num_computed_tokens == 0 and c.num_new_tokens > 1:
             fresh_by_len.setdefault(c.num_new_tokens, []).append(i)
         else:
@@ -66,6 +73,9 @@ def build_step(plan: SchedulePlan, block_size: int, device: torch.device) -> Ste
     seq: list[int] = []
     tables: list[list[int]] = []
     last_row = [0] * len(chunks)
+    prompt_rows: list[int] = []
+    prompt_targets: list[int] = []
+    prompt_spans: list[tuple[int, int, int]] = []
     for k, i in enumerate(order):
         c = chunks[i]
         req = c.request
@@ -76,6 +86,19 @@ def build_step(plan: SchedulePlan, block_size: int, device: torch.device) -> Ste
         seq.extend([k] * c.num_new_tokens)
         tables.append(req.block_table)
         last_row[i] = len(ids) - 1
+        if req.params.prompt_logprobs is not None:
+            # NOTE: row p scores prompt token p + 1; rows already scored (before a preemption) are skipped.
+            lo, hi = max(s, len(req.prompt_logprobs)), min(e, req.num_prompt_tokens - 1)
+            if lo < hi:
+                first = len(ids) - c.num_new_tokens + lo - s
+                prompt_rows.extend(range(first, first + hi - lo))
+                prompt_targets.extend(req.all_token_ids[lo + 1:hi + 1])
+                prompt_spans.append((i, hi - lo, req.params.prompt_logprobs))
+    if len(order) < len(chunks):
+        index = {id(c.request): i for i, c in enumerate(chunks)}
+        for i, c in enumerate(chunks):
+            if c.fork_of is not None:
+                last_row[i] = last_row[index[id(c.fork_of)]]
     width = max(len(t) for t in tables)
     table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
     pos_t = torch.tensor(pos, dtype=torch.long)
@@ -92,6 +115,10 @@ def build_step(plan: SchedulePlan, block_size: int, device: torch.device) -> Ste
         num_sampled=len(sampled),
         num_paged=0,
     )
+    if prompt_rows:
+        batch.prompt_rows = torch.tensor(prompt_rows, dtype=torch.long, device=device)
+        batch.prompt_targets = prompt_targets
+        batch.prompt_spans = prompt_spans
     if paged:
         n_seq = len(paged)
         q_lens = [chunks[i].num_new_tokens for i in paged]

@@ -7,6 +7,7 @@ import threading
 import time
 from typing import Any
 
+import msgspec
 import torch
 
 from modelcall.core import ConfigError, KernelConfig, SchedulePlan, StepOutput
@@ -87,8 +88,11 @@ class TorchModelRunner:
             self._bound.done = True
             if cpu_kernel.bind_threads(self._cpus):
                 log.info("compute threads of %s pinned to CPUs %s", threading.current_thread().name, self._cpus)
+        scored: list[tuple[int, list[Any], list[int]]] = []
         with torch.inference_mode():
-            logits = self.compute_logits(plan)
+            logits = self.compute_logits(plan, scored)
+            if plan.block_copies:
+                self._copy_blocks(plan.block_copies)
             sampled = [c for c in plan.chunks if c.sample]
             if sampled:
                 ids, logprobs = self.sampler.sample(logits, sampled)
@@ -103,17 +107,26 @@ class TorchModelRunner:
                 if lps is not None:
                     lps[i] = logprobs[j]
                 j += 1
-        return StepOutput(token_ids=token_ids, logprobs=lps, forward_s=time.perf_counter() - t0)
+        out = StepOutput(token_ids=token_ids, logprobs=lps, forward_s=time.perf_counter() - t0)
+        if scored:
+            out.prompt_logprobs = [None] * len(plan.chunks)
+            out.prompt_ranks = [None] * len(plan.chunks)
+            for i, plp, ranks in scored:
+                out.prompt_logprobs[i], out.prompt_ranks[i] = plp, ranks
+        return out
 
-    def compute_logits(self, plan: SchedulePlan) -> torch.Tensor:
+    def compute_logits(self, plan: SchedulePlan, scored: list | None = None) -> torch.Tensor:
         """Forward `plan` (writing its K/V) and return the logits of the sampled chunks, plan order, in the
-        model's dtype (the sampler upcasts when it does more than take the maximum)."""
+        model's dtype (the sampler upcasts when it does more than take the maximum). With `scored`, the
+        prompt logprobs the plan's chunks ask for go there as (chunk index, logprobs, ranks)."""
         if not self.kv:
             raise RuntimeError("allocate_kv_cache() must be called before execute()")
         with torch.inference_mode():
             step = build_step(plan, self.block_size, self.placement.device)
             step.kv = self.kv
             hidden = self._forward(step)
+            if scored is not None and step.prompt_rows is not None:
+                scored.extend(self._score_prompt(hidden, step))
             if step.num_sampled == 0:   # only partial prefill chunks: nothing to sample
                 return hidden.new_empty(0, self.spec.vocab_size)
             if step.sample_rows is not None:
@@ -124,6 +137,45 @@ class TorchModelRunner:
             if self.softcap:
                 logits = torch.tanh(logits.float() / self.softcap) * self.softcap
             return logits
+
+    def _score_prompt(self, hidden: torch.Tensor, step: StepBatch, rows_per_pass: int = 512) -> list[tuple[int, list, list]]:
+        """Prompt logprobs from the logits at the asked rows of this forward (no second pass over the
+        prompt); the lm_head runs on `rows_per_pass` rows at a time to bound the [rows, vocab] memory."""
+        score = getattr(self.sampler, "prompt_logprobs", None)
+        if score is None:
+            raise RuntimeError(f"the sampler {type(self.sampler).__name__} cannot score prompt tokens "
+                               "(it has no prompt_logprobs method)")
+        num_top = max(top for _, _, top in step.prompt_spans)
+        lps: list[Any] = []
+        ranks: list[int] = []
+        rows, targets = step.prompt_rows, step.prompt_targets
+        for a in range(0, len(targets), rows_per_pass):
+            logits = self.lm_head(hidden.index_select(0, rows[a:a + rows_per_pass]))
+            mult = getattr(self, "logit_mult", None)
+            if mult is not None:
+                logits = logits * mult
+            if self.softcap:
+                logits = torch.tanh(logits.float() / self.softcap) * self.softcap
+            lp, rk = score(logits, targets[a:a + rows_per_pass], num_top)
+            lps.extend(lp)
+            ranks.extend(rk)
+        out, at = [], 0
+        for i, n, top in step.prompt_spans:
+            part = lps[at:at + n]
+            if top < num_top:
+                part = [msgspec.structs.replace(p, top=p.top[:top]) for p in part]
+            out.append((i, part, ranks[at:at + n]))
+            at += n
+        return out
+
+    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy on write: the K/V of each source block into its destination block, every layer."""
+        bs = self.block_size
+        src = torch.cat([torch.arange(s * bs, (s + 1) * bs) for s, _ in copies]).to(self.placement.device)
+        dst = torch.cat([torch.arange(d * bs, (d + 1) * bs) for _, d in copies]).to(self.placement.device)
+        for k, v in self.kv:
+            k.index_copy_(0, dst, k.index_select(0, src))
+            v.index_copy_(0, dst, v.index_select(0, src))
 
     def _forward(self, step: StepBatch) -> torch.Tensor:
         out = self.base(input_ids=step.input_ids, position_ids=step.positions, use_cache=False,

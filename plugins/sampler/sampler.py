@@ -139,6 +139,23 @@ class TorchSampler:
     # ---- logprobs -----------------------------------------------------------------------------
 
     @staticmethod
+    def prompt_logprobs(logits: torch.Tensor, targets: Sequence[int], num_top: int) -> tuple[list[Any], list[int]]:
+        """Score given tokens: row i's log-probability of `targets[i]` under the raw model distribution
+        (as sampled logprobs: before any penalty or processor), its rank (1: the most likely), and the
+        `num_top` most likely tokens there. `logits` is [len(targets), vocab]."""
+        lp = torch.log_softmax(logits.float(), -1)
+        tgt = torch.tensor(list(targets), device=lp.device)[:, None]
+        chosen = lp.gather(1, tgt)
+        ranks = ((lp > chosen).sum(-1) + 1).tolist()
+        values = chosen.squeeze(1).tolist()
+        if num_top:
+            v, i = lp.topk(num_top, dim=-1)
+            tops = [tuple(TokenLogprob(t, x) for t, x in zip(ti, tv)) for ti, tv in zip(i.tolist(), v.tolist())]
+        else:
+            tops = [()] * len(values)
+        return [PositionLogprobs(token_id=t, logprob=x, top=top) for t, x, top in zip(targets, values, tops)], ranks
+
+    @staticmethod
     def _logprobs(lp: torch.Tensor, tokens: list[int], params: list[Any]) -> list[Any]:
         chosen = lp.gather(1, torch.tensor(tokens, device=lp.device)[:, None]).squeeze(1).tolist()
         n_top = max(p.logprobs or 0 for p in params)

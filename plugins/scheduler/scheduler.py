@@ -26,9 +26,14 @@ class _Step:
         self.plan = SchedulePlan()
 
     def add(self, request: Request, num_new_tokens: int) -> None:
-        sample = request.num_computed_tokens + num_new_tokens == request.num_tokens
+        # NOTE: max_tokens 0 (scoring a prompt) computes the prompt and never samples.
+        sample = request.num_computed_tokens + num_new_tokens == request.num_tokens and request.max_tokens > 0
         self.chunks[request.request_id] = ScheduledChunk(request, num_new_tokens, sample)
         self.budget -= num_new_tokens
+
+    def add_fork(self, child: Request, parent: Request) -> None:
+        """`child` samples its first token from `parent`'s last row this step; it computes nothing."""
+        self.chunks[child.request_id] = ScheduledChunk(child, 0, True, fork_of=parent)
 
     def take_back(self, request: Request) -> None:
         chunk = self.chunks.pop(request.request_id, None)
@@ -58,11 +63,21 @@ class DefaultScheduler:
         self.watermark_blocks = int(watermark * kv.num_blocks)
         self.waiting = waiting if waiting is not None else make_waiting_queue(policy)
         self.running: dict[str, Request] = {}  # in the order they were (re)admitted
+        # n > 1: requests sharing a prompt with a request not yet past its prefill, by that request's
+        # id; they are forked from its prefill (see _fork) rather than computing the prompt again.
+        self.forks: dict[str, list[Request]] = {}
 
     # ---- the Scheduler protocol -------------------------------------------------------------
 
     def add(self, request: Request) -> None:
         request.status = Status.WAITING
+        parent = self.get(request.fork_of) if request.fork_of is not None else None
+        if (parent is not None and parent.num_output_tokens == 0 and parent.max_tokens > 0
+                and request.params.prompt_logprobs is None  # a fork computes no prompt rows to score
+                and parent.num_prompt_tokens == request.num_prompt_tokens
+                and parent.prompt_token_ids == request.prompt_token_ids):
+            self.forks.setdefault(parent.request_id, []).append(request)
+            return
         self.waiting.push(request)
 
     def schedule(self) -> SchedulePlan:
@@ -71,19 +86,26 @@ class DefaultScheduler:
         # NOTE: after a preemption blocks are short; admitting new work now would only thrash.
         if not step.plan.preempted:
             self._schedule_waiting(step)
+        if self.forks:
+            self._fork(step)
         return step.done()
 
     def finish(self, request: Request) -> None:
-        if self.running.pop(request.request_id, None) is None:
-            self.waiting.remove(request)
+        if self.running.pop(request.request_id, None) is None and not self.waiting.remove(request):
+            self._drop_fork(request)
+        for child in self.forks.pop(request.request_id, ()):  # never forked: they compute the prompt themselves
+            self.waiting.push(child)
         self.kv.free(request)
 
     def get(self, request_id: str) -> Request | None:
-        return self.running.get(request_id) or self.waiting.get(request_id)
+        found = self.running.get(request_id) or self.waiting.get(request_id)
+        if found is None and self.forks:
+            found = next((c for cs in self.forks.values() for c in cs if c.request_id == request_id), None)
+        return found
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + sum(len(cs) for cs in self.forks.values())
 
     @property
     def num_running(self) -> int:
@@ -91,6 +113,40 @@ class DefaultScheduler:
 
     def has_work(self) -> bool:
         return bool(self.running) or bool(self.waiting)
+
+    # ---- forks (n > 1) ------------------------------------------------------------------------
+
+    def _fork(self, step: _Step) -> None:
+        """Each request whose prompt ends this step hands its held forks its K/V: full blocks shared,
+        the last partial one copied after the forward; each fork samples its own first token from
+        the same last row. A fork that finds no running slot or block computes the prompt itself."""
+        fork = getattr(self.kv, "fork", None)
+        for chunk in list(step.chunks.values()):
+            parent = chunk.request
+            if not chunk.sample or parent.num_output_tokens or parent.request_id not in self.forks:
+                continue
+            for child in self.forks.pop(parent.request_id):
+                copies = (fork(parent, child, parent.num_prompt_tokens)
+                          if fork is not None and len(self.running) < self.max_num_seqs else None)
+                if copies is None:
+                    self.waiting.push(child)
+                    continue
+                step.plan.block_copies.extend(copies)
+                child.num_computed_tokens = parent.num_prompt_tokens
+                child.status = Status.RUNNING
+                self.running[child.request_id] = child
+                if not child.scheduled_once:
+                    child.scheduled_once = True
+                    step.plan.newly_scheduled.append(child)
+                step.add_fork(child, parent)
+
+    def _drop_fork(self, request: Request) -> None:
+        for parent_id, children in list(self.forks.items()):
+            if request in children:
+                children.remove(request)
+                if not children:
+                    del self.forks[parent_id]
+                return
 
     # ---- running requests -------------------------------------------------------------------
 
@@ -151,7 +207,9 @@ class DefaultScheduler:
             return False
         # A waiting request holds no blocks (new, preempted, or undone below); preempted ones
         # re-match their own freed blocks, output tokens included.
-        num_hit = self.kv.match_prefix(request)
+        # NOTE: a prefix hit would skip rows whose prompt logprobs were asked: those requests compute
+        # the prompt (what a preemption already scored is not scored again, see the runner).
+        num_hit = 0 if request.wants_prompt_logprobs else self.kv.match_prefix(request)
         request.num_computed_tokens = num_hit
         num_new = min(request.num_uncomputed_tokens, step.budget)
         if not self._fits(request, num_new):
