@@ -89,12 +89,16 @@ FAMILIES: dict[str, Callable[[Any], Any]] = {
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
-def build_family(name: str, out_dir: str, tokenizer_dir: str, seed: int = 0, dtype: Any = None) -> str:
-    """Save a random-weight `name` checkpoint (and the demo model's tokenizer) to `out_dir`."""
+def build_family(name: str, out_dir: str, tokenizer_dir: str, seed: int = 0, dtype: Any = None,
+                 **overrides: Any) -> str:
+    """Save a random-weight `name` checkpoint (and the demo model's tokenizer) to `out_dir`; `dtype` casts
+    the saved weights, `overrides` are config fields."""
     import torch
     import transformers
 
     cfg = FAMILIES[name](transformers)
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     if dtype is not None:

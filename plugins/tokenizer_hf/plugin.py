@@ -11,4 +11,5 @@ def provide_tokenizer(config: Any, model_dir: str) -> Any:
     if not config.wants("tokenizer", "hf"):
         return None
     from modelcall.plugins.tokenizer_hf import HFTokenizer
-    return HFTokenizer(model_dir)
+    return HFTokenizer(model_dir, tokenizer_dir=getattr(config, "tokenizer_dir", None),
+                       chat_template=getattr(config, "chat_template", None))

@@ -1,4 +1,5 @@
-"""The `Tokenizer` stage on a Hugging Face fast tokenizer read from a local model directory.
+"""The `Tokenizer` stage on a Hugging Face fast tokenizer read from a local model directory (or the
+directory `--tokenizer` names), with the chat template of `--chat-template FILE` when given.
 
 Encoding and decoding call the Rust `tokenizers` backend directly (the transformers wrapper
 adds microseconds per call); transformers renders the chat template.
@@ -22,20 +23,27 @@ _RESERVED = frozenset({"tokenize", "return_dict", "return_tensors", "padding", "
 class HFTokenizer:
     """Text ⇄ token ids, chat template and incremental detokenizers for one model directory."""
 
-    def __init__(self, model_dir: str) -> None:
+    def __init__(self, model_dir: str, *, tokenizer_dir: str | None = None, chat_template: str | None = None) -> None:
         from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
         if not os.path.isdir(model_dir):
             raise ModelNotFound(f"model directory {model_dir!r} does not exist")
+        source = os.path.expanduser(tokenizer_dir) if tokenizer_dir else model_dir
+        if not os.path.isdir(source):
+            raise ModelNotFound(f"tokenizer directory {tokenizer_dir!r} does not exist")
+        template = _read_template(chat_template) if chat_template else None
         # NOTE: with a tokenizer.json, load it as is. AutoTokenizer may swap in a model-specific
         # class that rebuilds the pre-tokenizer (Qwen2Tokenizer does), ignoring the file.
-        if os.path.isfile(os.path.join(model_dir, "tokenizer.json")):
-            hf = PreTrainedTokenizerFast.from_pretrained(model_dir, local_files_only=True)
+        if os.path.isfile(os.path.join(source, "tokenizer.json")):
+            hf = PreTrainedTokenizerFast.from_pretrained(source, local_files_only=True)
         else:
-            hf = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+            hf = AutoTokenizer.from_pretrained(source, local_files_only=True)
         backend = getattr(hf, "backend_tokenizer", None)
         if backend is None:
-            raise ModelNotFound(f"{model_dir!r} has no fast (tokenizers) tokenizer; convert it to tokenizer.json")
+            raise ModelNotFound(f"{source!r} has no fast (tokenizers) tokenizer; convert it to tokenizer.json")
+        if template is not None:
+            hf.chat_template = template
+        _fill_special_tokens(hf, model_dir)   # the model's own config and generation config
         self.hf = hf
         self.backend = backend
         self.name = os.path.basename(os.path.normpath(model_dir))
@@ -60,6 +68,19 @@ class HFTokenizer:
 
     def id_to_token(self, token_id: int) -> str | None:
         return self.backend.id_to_token(token_id)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The token's own bytes (a byte-level token may be part of a UTF-8 character)."""
+        if self._byte_tables is not None:
+            table = self._byte_tables[False]
+            return table[token_id] if 0 <= token_id < len(table) else b""
+        tok = self.backend.id_to_token(token_id) or ""
+        if len(tok) == 6 and tok.startswith("<0x") and tok.endswith(">"):  # byte fallback (SentencePiece)
+            try:
+                return bytes([int(tok[3:5], 16)])
+            except ValueError:
+                pass
+        return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
     def detokenizer(self, prompt_token_ids: Sequence[int], *,
                     skip_special_tokens: bool = True) -> ByteLevelDetokenizer | WindowDetokenizer:
@@ -104,6 +125,29 @@ def _check_messages(messages: Any, tools: Any) -> None:
             raise InvalidRequest(f"messages[{i}] needs a string 'role'", field="messages")
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
         raise InvalidRequest("tools must be a list of tool objects", field="tools")
+
+
+def _read_template(path: str) -> str:
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise ModelNotFound(f"chat template file {path!r} cannot be read ({e.strerror})") from None
+
+
+def _fill_special_tokens(hf: Any, model_dir: str) -> None:
+    """Templates write `{{ bos_token }}` (Llama 3, Gemma, Mistral); a tokenizer_config that does not name
+    the token would render it as nothing. Take it from config.json / generation_config.json's ids then."""
+    bos = None
+    for name in ("config.json", "generation_config.json"):   # the model's config first
+        path = os.path.join(model_dir, name)
+        if bos is None and os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                bos = json.load(f).get("bos_token_id")
+    if hf.bos_token is None and isinstance(bos, int):
+        token = hf.convert_ids_to_tokens(bos)
+        if token is not None:
+            hf.bos_token = token
 
 
 def _eos_ids(hf: Any, model_dir: str) -> set[int]:
