@@ -105,15 +105,30 @@ async def test_a_blocked_output_ends_with_content_filter_and_pii_is_redacted_in_
 
 
 @pytest.mark.anyio
-async def test_without_filters_the_output_path_is_untouched(make_kernel):
+async def test_without_filters_the_output_path_is_untouched(make_kernel, events):
     from modelcall.core.output import OutputState
 
-    async with make_kernel() as kernel:
+    sampler = ScriptedSampler()
+    async with make_kernel(plugins=[sampler]) as kernel:
         assert kernel._output_filters == []
-        h = await kernel.submit("hi", max_tokens=2)
-        rec = kernel.engine.records.get(h.request_id) or next(iter(kernel.engine._inbox), None)
-        assert rec is None or type(rec.output) is OutputState
-        await h.result()
+        added = []
+        add = kernel.engine.add
+
+        def spy(record):  # every admitted request's record, seen as it enters the engine
+            added.append(record)
+            add(record)
+        kernel.engine.add = spy
+        ids = kernel.tokenizer.encode(SAID)
+        sampler.say(ids)
+        done = await kernel.complete("hi", max_tokens=len(ids) + 1)
+        pieces = [kernel.tokenizer.decode([t]) for t in ids]
+    assert len(added) == 1
+    out = added[0].output
+    assert type(out) is OutputState and getattr(out, "filters", None) is None  # no filter stage at all
+    assert done.text == SAID  # the PII is left as said: no filter was configured
+    # nothing held back: each token's text is released in the step that sampled it
+    released = [e.text for e in events.of(TokensEmitted) if e.request_id == done.request_id]
+    assert released[:len(ids)] == pieces and "".join(released[len(ids):]) == ""  # then the end-of-sequence token
 
 
 # ---- over HTTP: each protocol's words -------------------------------------------------------
