@@ -21,6 +21,8 @@ from aiohttp import web
 from modelcall.core import Kernel, ModelcallError
 from modelcall.core.metering import EXCHANGE_KEY, Exchange
 from modelcall.plugins.http import anthropic_messages, openai_chat, openai_completions, openapi
+from modelcall.plugins.http import responses
+from modelcall.plugins.http.schemas_responses import ResponsesRequest
 from modelcall.plugins.http import schemas_anthropic as A
 from modelcall.plugins.http import schemas_openai as O
 from modelcall.plugins.http.errors import ApiError, error_response, is_anthropic, sse_error_payload
@@ -57,6 +59,12 @@ def create_app(kernel: Kernel, settings: ServerSettings | None = None, *, middle
     add("POST", "/v1/completions", _json_route(O.CompletionRequest, openai_completions.handle))
     add("POST", "/v1/messages", _json_route(A.MessagesRequest, anthropic_messages.handle))
     add("POST", "/v1/messages/count_tokens", _json_route(A.CountTokensRequest, anthropic_messages.count_tokens))
+    responses.setup(app, kernel)
+    add("POST", "/v1/responses", _json_route(ResponsesRequest, responses.create))
+    add("GET", "/v1/responses/{response_id}", responses.retrieve)
+    add("DELETE", "/v1/responses/{response_id}", responses.delete)
+    add("POST", "/v1/responses/{response_id}/cancel", responses.cancel)
+    add("GET", "/v1/responses/{response_id}/input_items", responses.input_items)
     add("GET", "/v1/models", models)
     add("GET", "/health", health)
     add("GET", "/ready", ready)
