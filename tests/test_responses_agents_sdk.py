@@ -1,0 +1,93 @@
+"""Must-show: the OpenAI Agents SDK with its DEFAULT model class (OpenAIResponsesModel, the Responses
+API) runs a function-tool agent against a live server, whole and streamed. On the random-weight demo
+model the first turn forces the tool (tool_choice required); the SDK runs the tool on the client and,
+with tool_use_behavior "stop_on_first_tool", the tool's result is the agent's final output."""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated
+
+import jsonschema
+import pytest
+from agents import (
+    Agent, ModelSettings, RunConfig, Runner, function_tool, set_default_openai_client, set_tracing_disabled,
+)
+from agents.models.openai_responses import OpenAIResponsesModel
+from agents.models.openai_provider import OpenAIProvider
+from http_server import ServerThread
+from openai import AsyncOpenAI
+from pydantic import Field
+
+from modelcall.events import RequestAdmitted
+from modelcall.plugins.http.settings import ServerSettings
+from modelcall.testing.collector import EventCollector
+
+CALLS: list[dict] = []
+
+
+@function_tool
+def get_weather(city: Annotated[str, Field(max_length=12)], days: Annotated[int, Field(ge=1, le=7)]) -> str:
+    """The weather forecast for a city.
+
+    Args:
+        city: the city's name
+        days: how many days ahead
+    """
+    CALLS.append({"city": city, "days": days})
+    return f"forecast:{len(CALLS)}"
+
+
+@pytest.fixture(scope="module")
+def collector():
+    return EventCollector()
+
+
+@pytest.fixture(scope="module")
+def server(collector):
+    with ServerThread(ServerSettings(port=0), plugins=(collector,), max_model_len=2048, num_kv_blocks=1024) as s:
+        yield s
+
+
+def _agent() -> Agent:
+    return Agent(name="weather", instructions="Answer with the weather tool.", tools=[get_weather],
+                 model="demo-model-1", tool_use_behavior="stop_on_first_tool",
+                 model_settings=ModelSettings(tool_choice="required", parallel_tool_calls=False, max_tokens=160, temperature=1.0,
+                                              extra_body={"seed": 7}))
+
+
+def _run(server, streamed: bool):
+    async def go():
+        client = AsyncOpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        set_default_openai_client(client, use_for_tracing=False)
+        set_tracing_disabled(True)
+        config = RunConfig(model_provider=OpenAIProvider(openai_client=client))
+        model = config.model_provider.get_model("demo-model-1")
+        assert type(model) is OpenAIResponsesModel  # the SDK's default, nothing set to avoid it
+        if not streamed:
+            return await Runner.run(_agent(), "Weather in Paris for two days?", run_config=config), []
+        run = Runner.run_streamed(_agent(), "Weather in Paris for two days?", run_config=config)
+        kinds = [getattr(ev, "data", None) and getattr(ev.data, "type", None) async for ev in run.stream_events()]
+        await client.close()
+        return run, kinds
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
+def test_agents_sdk_default_model_runs_a_function_tool_agent(server, collector, streamed):
+    CALLS.clear()
+    before = len(collector.of(RequestAdmitted))
+    result, kinds = _run(server, streamed)
+    assert len(CALLS) == 1  # the SDK ran the tool the model called through /v1/responses
+    schema = get_weather.params_json_schema
+    jsonschema.validate(CALLS[0], schema)
+    assert result.final_output == "forecast:1"
+    calls = [i for i in result.new_items if i.type == "tool_call_item"]
+    outputs = [i for i in result.new_items if i.type == "tool_call_output_item"]
+    assert len(calls) == 1 and len(outputs) == 1
+    assert calls[0].raw_item.call_id == outputs[0].raw_item["call_id"]
+    assert json.loads(calls[0].raw_item.arguments) == CALLS[0]
+    assert len(collector.of(RequestAdmitted)) == before + 1  # one model request, made through /v1/responses
+    if streamed:
+        assert "response.function_call_arguments.delta" in kinds and kinds.count("response.completed") == 1
