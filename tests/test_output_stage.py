@@ -190,3 +190,26 @@ async def test_without_filters_a_request_has_no_filter_stage(make_kernel):
         assert rec is None or (rec.output.filters is None and rec.output.reasoning is None)
         await h.result()
 
+
+
+# ---- logprob bytes -------------------------------------------------------------------------------
+
+def test_logprob_bytes_are_each_tokens_own_bytes(demo_model_dir):
+    from types import SimpleNamespace
+
+    from modelcall.plugins.http.openai_common import chat_logprobs
+    from modelcall.plugins.http.service import ServingContext
+    from modelcall.plugins.http.settings import ServerSettings
+    from modelcall.plugins.tokenizer_hf import HFTokenizer
+
+    tok = HFTokenizer(demo_model_dir)
+    text = "中文 ok, 你好!"
+    ids = tok.encode(text)
+    ctx = ServingContext(SimpleNamespace(tokenizer=tok), ServerSettings(port=0))
+    rendered = chat_logprobs(ctx, [PositionLogprobs(i, -0.1, (TokenLogprob(i, -0.1),)) for i in ids]).content
+    assert b"".join(bytes(c.bytes) for c in rendered) == text.encode()
+    assert [c.top_logprobs[0].bytes for c in rendered] == [c.bytes for c in rendered]
+    halves = [bytes(c.bytes) for c in rendered if c.token == "\ufffd"]
+    assert halves, "the demo tokenizer splits these characters into byte tokens"
+    for b in halves:  # a token that is part of a character has those bytes, not U+FFFD's
+        assert b != "\ufffd".encode()

@@ -47,8 +47,8 @@ def chat_logprobs(ctx: ServingContext, positions: Sequence[PositionLogprobs]) ->
     content = []
     for p in positions:
         token = ctx.token_text(p.token_id)
-        top = [TopLogprob(t, lp, list(t.encode())) for t, lp in ((ctx.token_text(x.token_id), x.logprob) for x in p.top)]
-        content.append(TokenLogprobInfo(token, p.logprob, list(token.encode()), top))
+        top = [TopLogprob(ctx.token_text(x.token_id), x.logprob, ctx.token_bytes(x.token_id)) for x in p.top]
+        content.append(TokenLogprobInfo(token, p.logprob, ctx.token_bytes(p.token_id), top))
     return ChoiceLogprobs(content)
 
 

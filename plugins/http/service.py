@@ -64,6 +64,11 @@ class ServingContext:
             self._token_text[token_id] = text
         return text
 
+    def token_bytes(self, token_id: int) -> list[int]:
+        """The token's own bytes for logprobs (`bytes`): a token may hold part of a character."""
+        fn = getattr(self.kernel.tokenizer, "token_bytes", None)
+        return list(fn(token_id)) if fn is not None else list(self.token_text(token_id).encode())
+
     async def submit(self, params: Sequence[SamplingParams], **prompt: Any) -> list[RequestHandle]:
         """Admit one kernel request per entry of `params` (the prompt is tokenized once) through the
         kernel's entry pipeline; on any refusal, close those already admitted and raise an ApiError."""
