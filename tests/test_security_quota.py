@@ -111,14 +111,13 @@ def test_refusal_says_when_to_retry_and_a_request_bigger_than_the_minute_is_told
     book.reserve(_adm("e", caller, 10, 10))
 
 
-def test_tools_a_key_may_not_use_are_refused_at_admission():
-    book = QuotaBook()
+def test_tools_a_key_may_not_use_are_refused_by_the_entry_permission_step():
+    from modelcall.core.permissions import check_tools
+
     caller = Caller(name="k", tools=frozenset({"search"}))
-    book.reserve(Admission(request_id="a", task_id=None, model="m", caller=caller, prompt_tokens=1, max_tokens=1,
-                           tools=("search",)))
+    check_tools(caller, ("search",))
     with pytest.raises(PermissionDenied, match="shell"):
-        book.reserve(Admission(request_id="b", task_id=None, model="m", caller=caller, prompt_tokens=1, max_tokens=1,
-                               tools=("search", "shell")))
+        check_tools(caller, ("search", "shell"))
 
 
 # ---- a real server under a concurrent burst ---------------------------------------------------
