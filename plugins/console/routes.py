@@ -20,7 +20,7 @@ _FILES = {"/console": ("console.html", "text/html"), "/console/console.js": ("co
 # NOTE: the page may talk to this server only: nothing is fetched from, or sent to, anywhere else.
 _CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
         "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
-_HEARTBEAT_S = 15.0
+_HEARTBEAT_S = 1.0
 
 
 def _read(name: str) -> bytes:
@@ -93,17 +93,14 @@ def routes(hub: ConsoleHub, kernel: Any, keys: bool) -> list[tuple[str, str, Any
 
 
 async def _pump(hub: ConsoleHub, kernel: Any, viewer: Viewer, resp: web.StreamResponse) -> None:
-    quiet = 0.0
-    while not getattr(hub, "closed", False) and kernel.engine is not None:
+    # NOTE: a quiet second writes a comment line: aiohttp only learns that a client left when a write
+    # fails, and a feed nobody reads must not hold a server's shutdown or drain.
+    while not getattr(hub, "closed", False) and kernel.engine is not None and not kernel.draining:
         try:
-            await asyncio.wait_for(viewer.wake.wait(), 1.0)
+            await asyncio.wait_for(viewer.wake.wait(), _HEARTBEAT_S)
         except TimeoutError:
-            quiet += 1.0
-            if quiet >= _HEARTBEAT_S:
-                quiet = 0.0
-                await resp.write(b": keep-alive\n\n")
+            await resp.write(b":\n\n")
             continue
-        quiet = 0.0
         viewer.wake.clear()
         q = viewer.queue
         frames = [b"data: " + to_json(q.popleft()) + b"\n\n" for _ in range(len(q))]

@@ -155,9 +155,10 @@ function drawKV() {
   if (t === null) return;
   series.push({ t, use: kvUse, hit: hitRate() });
   while (series.length > 240) series.shift();
-  const t0 = t - 120;
+  // the window grows with the page's age up to two minutes, so a fresh page's chart is not a dot
+  const t0 = Math.max(t - 120, series[0].t), span = Math.max(t - t0, 10);
   const pts = (k) => series.filter((p) => p[k] !== null && p.t >= t0)
-    .map((p) => `${((p.t - t0) / 120 * 960).toFixed(1)},${(150 - p[k] * 140).toFixed(1)}`).join(" ");
+    .map((p) => `${((p.t - t0) / span * 960).toFixed(1)},${(150 - p[k] * 140).toFixed(1)}`).join(" ");
   $("kv-use").setAttribute("points", pts("use"));
   $("kv-hit").setAttribute("points", pts("hit"));
   $("kv-use-now").textContent = kvUse === null ? "—" : (kvUse * 100).toFixed(1) + "%";
@@ -229,8 +230,11 @@ function row(r, now, x) {
   }
   const figs = document.createElement("span"); figs.className = "figs";
   const base = r.received ?? r.admitted;
-  figs.textContent = `ttft ${ms(r.firstToken === null ? null : r.firstToken - base)} · text ${ms(r.firstText === null ? null : r.firstText - base)}`
-    + ` · itl ${ms(itl(r))} · ${r.usage ? r.usage.completion_tokens : r.outputTokens} tok${r.reason ? " · " + r.reason : ""}`;
+  const since = (at) => (at === null ? "—" : ((at - base) * 1000).toFixed(1));
+  figs.textContent = `ttft ${since(r.firstToken)} · text ${since(r.firstText)} · itl ${ms(itl(r))}`
+    + ` · ${r.usage ? r.usage.completion_tokens : r.outputTokens} tok${r.reason ? " · " + r.reason : ""}`;
+  figs.title = "ttft: engine first token, text: first content text sent (ms after the server received the request); "
+    + "itl: mean engine inter-token latency";
   el.append(id, track, figs);
   return el;
 }
