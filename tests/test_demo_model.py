@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -18,9 +20,21 @@ def _hashes(path: str) -> dict[str, str]:
     return out
 
 
+# Built in a fresh interpreter whose hash seed and global RNG state differ from those of the process that
+# built the cached copy: a build that leaned on either (set order, an unseeded draw) gives other bytes.
+OTHER_PROCESS = """
+import random, sys, torch
+random.seed(99); torch.manual_seed(99); torch.rand(7)
+from modelcall.plugins.demo_model import build_demo_model
+build_demo_model(sys.argv[1])
+"""
+
+
 def test_building_twice_gives_identical_files(tmp_path, demo_model_dir):
-    # The cached copy was built by another call (often another process): same bytes.
-    fresh = build_demo_model(str(tmp_path / "fresh"))
+    fresh = str(tmp_path / "fresh")
+    done = subprocess.run([sys.executable, "-c", OTHER_PROCESS, fresh], env={**os.environ, "PYTHONHASHSEED": "12345"},
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
     assert _hashes(fresh) == _hashes(demo_model_dir)
     assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= set(_hashes(fresh))
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".demo-model-build-")]  # no temp left
@@ -69,12 +83,20 @@ def test_tags_are_plain_added_tokens_and_control_tokens_are_special(demo_model_d
     assert tok.decode(ids, skip_special_tokens=True) == "a<think>b</think><tool_call>c</tool_call>"
 
 
-def test_plugin_provides_the_cached_directory(demo_model_dir):
+def test_plugin_provides_the_cached_directory(tmp_path, monkeypatch):
     from modelcall.core import KernelConfig, PluginHost
-    from modelcall.plugins.demo_model import plugin
+    from modelcall.plugins.demo_model import build, plugin
 
+    calls: list = []
+    monkeypatch.setattr(build, "write_demo_model", _fake_writer(calls))
+    monkeypatch.setenv("MODELCALL_CACHE_DIR", str(tmp_path))
     host = PluginHost([plugin], load_entrypoints=False)
-    assert host.provide("provide_model_dir", "model", config=KernelConfig()) == demo_model_dir
+    # the cache directory is named for the builder version, so a changed builder never serves old files
+    expected = str(tmp_path / f"demo-model-{build.BUILDER_VERSION}")
+    assert host.provide("provide_model_dir", "model", config=KernelConfig()) == expected
+    assert host.provide("provide_model_dir", "model", config=KernelConfig()) == expected and len(calls) == 1
+    assert os.listdir(expected) == ["config.json"]
+    assert plugin.provide_model_dir(config=KernelConfig(model=str(tmp_path))) is None  # a model is configured
 
 
 def _fake_writer(calls: list, barrier=None):
