@@ -70,8 +70,9 @@ async def test_tool_choice_none_leaves_markup_as_text_and_bad_choices_are_refuse
         for bad, field in [({"type": "function", "function": {"name": "nope"}}, "tool_choice"),
                            ("sometimes", "tool_choice")]:
             with pytest.raises(InvalidRequest) as e:
-                await kernel.submit(messages=[{"role": "user", "content": "hi"}], tools=TOOLS, tool_choice=bad)
+                await kernel.submit(messages=[{"role": "user", "content": "hi"}], tools=TOOLS, tool_choice=bad,
+                                    max_tokens=8)
             assert e.value.field == field
         with pytest.raises(InvalidRequest) as e:
-            await kernel.submit(prompt="hi", response_format={"type": "xml"})
+            await kernel.submit(prompt="hi", response_format={"type": "xml"}, max_tokens=8)
         assert e.value.field == "response_format"
