@@ -73,10 +73,16 @@ class ToolParser(Protocol):
 
     `call_format` describes the format for constrained decoding (None: it cannot be forced,
     e.g. pythonic calls), so `tool_choice` "required" writes calls this parser reads.
+
+    `tags` are the markup strings the parser reads (`<tool_call>`, `</tool_call>`): when a
+    tokenizer makes them special tokens, the output stage still shows them to the parser, in
+    place, and never releases them as content. The parser sees only content: text the reasoning
+    parser decided is reasoning never reaches it.
     """
 
     name: str
     call_format: ToolCallFormat | None
+    tags: tuple[str, ...]
 
     def feed(self, text: str) -> ParserDelta:
         """Take the next piece of output text; return what it decided."""
@@ -111,7 +117,8 @@ class ToolCallStream:
     @property
     def tags(self) -> tuple[str, ...]:
         """Markup strings the parser reads (a tokenizer may make them special tokens)."""
-        return tuple(getattr(self.parser, "tags", None) or getattr(self.parser, "markers", ()) or ())
+        tags = getattr(self.parser, "tags", None)
+        return tuple(tags if tags is not None else getattr(self.parser, "markers", ()) or ())
 
     def feed(self, text: str, final: bool) -> ParserDelta:
         """Parse `text` (and, when `final`, everything held back): content, deltas, completed calls."""

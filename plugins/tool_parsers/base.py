@@ -25,6 +25,7 @@ class StreamParser:
 
     name = "base"
     call_format: ToolCallFormat | None = None
+    tags: tuple[str, ...] = ()  # markup strings read (kept for the parser when a tokenizer makes them special)
     mode = "start"
     _raw = ""  # text taken while deciding whether a call begins; content if none does
 

@@ -11,6 +11,7 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 class HermesParser(StreamParser):
     name = "hermes"
     markers = (OPEN,)
+    tags = (OPEN, CLOSE)
     call_format = ToolCallFormat(call_open=OPEN + "\n", call_close="\n" + CLOSE, separator="\n")
 
     mode = "text"

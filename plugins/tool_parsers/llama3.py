@@ -12,6 +12,7 @@ PYTHON_TAG = "<|python_tag|>"
 class Llama3JsonParser(StreamParser):
     name = "llama3_json"
     markers = (PYTHON_TAG, '"parameters"')
+    tags = (PYTHON_TAG,)
     call_format = ToolCallFormat(separator="; ", args_key="parameters")
 
     mode = "start"

@@ -11,6 +11,7 @@ TAG = "[TOOL_CALLS]"
 class MistralParser(StreamParser):
     name = "mistral"
     markers = (TAG,)
+    tags = (TAG,)
     call_format = ToolCallFormat(prefix=TAG + "[", separator=", ", suffix="]")
 
     mode = "text"

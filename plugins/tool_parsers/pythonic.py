@@ -69,6 +69,7 @@ def _to_json_call(source: str) -> tuple[str, str]:
 class PythonicParser(StreamParser):
     name = "pythonic"
     markers = ("[func_name1(params_name1=params_value1",)
+    tags = ()
     call_format = None  # not JSON: constrained decoding needs a JSON format
 
     mode = "start"
