@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from modelcall.core.server_tools import ServerToolbox, ToolOutcome
-from modelcall.events import Finished, RequestFailed, TokensEmitted, ToolRequested, Usage
+from modelcall.events import Finished, RequestFailed, ResponseSent, TokensEmitted, ToolRequested, Usage
 from modelcall.plugins.http.responses_output import OutputBuilder
 from modelcall.plugins.http.responses_plan import Plan
 from modelcall.plugins.http.service import Generation, ServingContext, check_outcome, sampling_params
@@ -74,6 +74,7 @@ async def run_loop(ctx: ServingContext, plan: Plan, builder: OutputBuilder, tool
             break
         if not to_run or toolbox is None:
             break
+        _pass_sent(ctx, handle)
         assistant: dict[str, Any] = {"role": "assistant", "content": gen.text, "tool_calls": [
             {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": _object(c.arguments)}}
             for c in complete]}
@@ -124,6 +125,16 @@ async def _one_pass(ctx: ServingContext, handle: Any, builder: OutputBuilder, fl
             check_outcome(ev)
             gen.on_finished(ev)
     return gen, complete
+
+
+def _pass_sent(ctx: ServingContext, handle: Any) -> None:
+    """A model pass whose hosted calls run next is done being answered now: record it so (the
+    ledger's response_sent), and take it off the exchange so the HTTP response's end does not
+    move it; the report then shows the tool time between this pass and the next."""
+    ctx.kernel.bus.publish([ResponseSent(request_id=handle.request_id, task_id=handle.task_id)])
+    handles = getattr(ctx.exchange, "handles", None)
+    if handles is not None and handle in handles:
+        handles.remove(handle)
 
 
 def _add(a: Usage, b: Usage) -> Usage:

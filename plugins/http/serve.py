@@ -45,6 +45,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--blocklist", metavar="FILE", help="refuse prompts and end outputs containing any line of FILE")
     g.add_argument("--redact-pii", action="store_true", help="redact emails, phone and card numbers in outputs")
     g.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
+    t = parser.add_argument_group("responses API and server-hosted tools")
+    t.add_argument("--tools-config", metavar="FILE", help="TOML or JSON file of [[servers]] (MCP servers over stdio "
+                   "or streamable HTTP) whose tools run inside /v1/responses requests (docs/server-tools.md)")
+    t.add_argument("--responses-store", metavar="PATH", help="SQLite file of stored responses (default: in memory, "
+                   "bounded; docs/responses.md)")
 
 
 def _add_kernel_options(parser: argparse.ArgumentParser) -> None:
@@ -82,6 +87,10 @@ def _records_config(args: argparse.Namespace) -> dict[str, dict]:
         out["safety"] = safety
     if getattr(args, "no_metrics", False):
         out["metrics"] = {"enabled": False}
+    if getattr(args, "tools_config", None):
+        out["server_tools"] = {"config": args.tools_config}
+    if getattr(args, "responses_store", None):
+        out["responses"] = {"path": args.responses_store}
     return out
 
 
