@@ -52,7 +52,10 @@ def resolve_max_tokens(num_prompt: int, params: SamplingParams, window: int, kv:
         max_tokens = params.max_tokens
         if num_prompt + max_tokens > window:
             raise ContextOverflow(num_prompt, max_tokens, window)
-    need_blocks = math.ceil((num_prompt + max_tokens) / kv.block_size)
+    # a policy that frees blocks as a request runs (sliding windows) says how many it holds at most
+    blocks_needed = getattr(kv, "blocks_needed", None)
+    need_blocks = blocks_needed(num_prompt + max_tokens) if blocks_needed is not None \
+        else math.ceil((num_prompt + max_tokens) / kv.block_size)
     if need_blocks > kv.num_blocks:
         raise InvalidRequest(
             f"prompt ({num_prompt}) + max_tokens ({max_tokens}) needs {need_blocks} KV blocks but the cache "

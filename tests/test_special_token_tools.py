@@ -204,3 +204,15 @@ def test_a_call_cut_by_max_tokens_is_not_a_call(scripted):
     assert stop == "max_tokens" and not [b for b in blocks if b["type"] == "tool_use"]
     stop, _ = anth_stream(scripted, tools=A_TOOLS, max_tokens=cut)
     assert stop == "max_tokens"
+
+
+def test_an_abandoned_call_is_not_listed_beside_finish_stop(scripted):
+    tok = scripted.kernel.tokenizer
+    say(scripted, _ids(tok, "<tool_call>", '\n{"name": "get_weather", "arguments": {"city": ', "</tool_call>", " Sorry."))
+    scripted.collector.clear()
+    finish, content, _, calls, _ = oai_whole(scripted, tools=TOOLS, max_tokens=96)
+    assert (finish, calls) == ("stop", [])
+    assert not any(t in (content or "") for t in TAGS)
+    stop, blocks = anth_whole(scripted, tools=A_TOOLS)
+    assert stop == "end_turn" and not [b for b in blocks if b["type"] == "tool_use"]
+    assert not scripted.collector.of(ToolRequested)

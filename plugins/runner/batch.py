@@ -126,7 +126,9 @@ def build_step(plan: SchedulePlan, block_size: int, device: torch.device) -> Ste
         max_ctx = max(ctx)
         ar = torch.arange(max_ctx)
         nb = (max_ctx + block_size - 1) // block_size
-        slots = table[:n_seq, :nb][:, ar // block_size] * block_size + ar % block_size
+        # NOTE: clamped: a block out of every layer's window is RELEASED (-1) in the table; its positions are
+        # masked out (torch path) or never read (C kernel), but the gather needs a valid slot.
+        slots = (table[:n_seq, :nb][:, ar // block_size] * block_size + ar % block_size).clamp_(min=0)
         n_tok = sum(q_lens)
         batch.num_paged = n_tok
         batch.paged_token_seq = seq_t[:n_tok].to(device)

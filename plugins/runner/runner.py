@@ -124,6 +124,7 @@ class TorchModelRunner:
         with torch.inference_mode():
             step = build_step(plan, self.block_size, self.placement.device)
             step.kv = self.kv
+            step.scratch["layer_windows"] = self.spec.layer_windows   # attention checks each layer's against it
             hidden = self._forward(step)
             if scored is not None and step.prompt_rows is not None:
                 scored.extend(self._score_prompt(hidden, step))
