@@ -92,3 +92,73 @@ def test_family_logits_match_transformers_on_ragged_batches(family, portable, mo
         pytest.skip("no C compiler here")
     hf = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval()
     assert drive_ragged_steps(make_runner(model_dir), hf, seed=3) < 1e-4, name
+
+
+async def test_window_blocks_go_back_to_the_pool_and_change_no_output(tmp_path, demo_model_dir, make_kernel):
+    """Mistral with an 8-token window: a request of 100 tokens (25 blocks of 4) runs in a pool of 6 blocks,
+    alone and beside others, because blocks out of the window are released as it goes; output unchanged."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model_dir = build_family("mistral_window", str(tmp_path / "m"), demo_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval()
+    prompts = [PROMPTS[0][:40], PROMPTS[3][:30], PROMPTS[1][:20]]
+    refs = []
+    for p in prompts:
+        ids = torch.tensor([p])
+        gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=60, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)
+        refs.append(gen[0, len(p):].tolist())
+    async with make_kernel(model=model_dir, dtype="float32", block_size=4, num_kv_blocks=12,
+                           max_num_batched_tokens=8) as kernel:
+        assert kernel.kv.window == 8
+        done = [await kernel.complete(prompt_token_ids=prompts[0], max_tokens=60, temperature=0, ignore_eos=True)]
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                async def one(i: int) -> None:
+                    done.append((i, await kernel.complete(prompt_token_ids=prompts[i], max_tokens=60,
+                                                          temperature=0, ignore_eos=True)))
+                for i in (1, 2):
+                    tg.start_soon(one, i)
+        check_whole(kernel.kv)
+    assert done[0].token_ids == refs[0]
+    for i, c in done[1:]:
+        assert c.token_ids == refs[i], i
+
+
+def test_mixed_window_layers_keep_every_block(tmp_path, demo_model_dir):
+    """Gemma 3 (sliding and full layers): a full layer reads every block, so none is released."""
+    from modelcall.core import KernelConfig
+    from modelcall.plugins.kv_cache import plugin as kv_plugin
+    from test_runner import make_runner
+
+    spec = make_runner(build_family("gemma3", str(tmp_path / "g"), demo_model_dir)).spec
+    assert spec.layer_windows == (8, 8, 0, 8)
+    assert kv_plugin.provide_kv_cache(KernelConfig(), spec, 16).window == 0
+
+
+def test_window_policy_holds_at_most_blocks_needed_and_keeps_released_prefixes_findable():
+    from modelcall.core import Request, SamplingParams
+    from modelcall.plugins.kv_cache import PagedKVCache
+    from modelcall.plugins.kv_cache.policy import RELEASED
+
+    kv = PagedKVCache(64, 4, window=8, max_chunk=8)
+    req = Request("a", list(range(10, 50)), SamplingParams(), max_tokens=40)
+    peak = 0
+    while req.num_computed_tokens < 80:
+        n = min(8, req.num_tokens - req.num_computed_tokens) or 1
+        assert kv.allocate(req, n)
+        peak = max(peak, sum(b != RELEASED for b in req.block_table))
+        req.num_computed_tokens += n
+        kv.commit(req)
+        if req.num_computed_tokens >= req.num_tokens:
+            req.all_token_ids.append(7)
+    assert peak <= kv.blocks_needed(80) < 80 // 4
+    # the next query sits at 80 and sees keys 73..: blocks 0..17 (positions 0..71) were given back
+    kv.allocate(req, 1)
+    assert req.block_table[:18] == [RELEASED] * 18 and RELEASED not in req.block_table[18:]
+    twin = Request("b", list(range(10, 50)), SamplingParams(), max_tokens=4)
+    assert kv.match_prefix(twin) == 36        # released prompt blocks are still findable by prefix
+    kv.free(req)
+    kv.free(twin)
+    assert kv.num_free_blocks() == 64

@@ -21,7 +21,15 @@ def provide_kv_cache(config: Any, spec: Any, num_blocks: int,
     if not config.wants("kv_cache", "paged"):
         return None
     return PagedKVCache(num_blocks, config.block_size, identity=spec.identity or spec.name,
-                        enable_prefix_caching=config.enable_prefix_caching, free_queue=eviction_policy)
+                        enable_prefix_caching=config.enable_prefix_caching, free_queue=eviction_policy,
+                        window=release_window(spec), max_chunk=config.max_num_batched_tokens)
+
+
+def release_window(spec: Any) -> int:
+    """The window after which blocks are released: only when every layer slides (a full-attention layer
+    reads every block); the widest window when they differ."""
+    windows = tuple(getattr(spec, "layer_windows", ()) or ())
+    return max(windows) if windows and min(windows) > 0 else 0
 
 
 # NOTE: pluggy never passes an argument that has a default, so the hook implementation names

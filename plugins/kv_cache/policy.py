@@ -6,6 +6,8 @@ from modelcall.plugins.kv_cache.block_pool import BlockPool
 from modelcall.plugins.kv_cache.free_queue import FreeQueue
 from modelcall.plugins.kv_cache.hashing import extend_block_hashes
 
+RELEASED = -1  # a block-table entry whose block went back to the pool (out of every layer's window)
+
 
 class PagedKVCache:
     """Paged KV block ids for every request, with optional prefix caching.
@@ -15,12 +17,21 @@ class PagedKVCache:
                        <- cached/committed ->  (full blocks keyed for reuse once computed)
 
     `free_queue` decides which free block is reused next (the eviction order): LRU by default.
+
+    With `window` (every layer attends to its last `window` tokens only, Mistral-style), blocks that
+    fell out of the window go back to the pool (still findable by their prefix key) and their table
+    entries become RELEASED: a request holds about window / block_size blocks however long it runs.
+
+        window = 8, block_size = 4, 14 computed:  [ -1 b2 b9 b4 ]   the next query (position 14)
+                                                                  sees keys 7..14: block 0 is out
     """
 
     def __init__(self, num_blocks: int, block_size: int, *, identity: str = "", enable_prefix_caching: bool = True,
-                 free_queue: FreeQueue | None = None) -> None:
+                 free_queue: FreeQueue | None = None, window: int = 0, max_chunk: int = 2048) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.window = window
+        self.max_chunk = max_chunk   # the most tokens one step computes for a request (the token budget)
         self.identity = identity
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks, free_queue)
@@ -53,6 +64,8 @@ class PagedKVCache:
         return num_hit_tokens
 
     def allocate(self, request: Request, num_new_tokens: int) -> bool:
+        if self.window:
+            self._release_out_of_window(request)
         needed = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - len(request.block_table)
         if needed <= 0:
             return True
@@ -67,7 +80,7 @@ class PagedKVCache:
         num_full = request.num_computed_tokens // self.block_size
         table, recorded = request.block_table, self.pool.block_hash
         first_new = num_full
-        while first_new > 0 and recorded[table[first_new - 1]] is None:
+        while first_new > 0 and table[first_new - 1] != RELEASED and recorded[table[first_new - 1]] is None:
             first_new -= 1  # keys are set in order: walk back to the last committed block
         if first_new == num_full:
             return
@@ -93,7 +106,7 @@ class PagedKVCache:
         if partial and self.pool.num_free() < 1:
             return None
         shared = parent.block_table[:full]
-        self.pool.share(shared)
+        self.pool.share(b for b in shared if b != RELEASED)
         child.block_table = list(shared)
         if not partial:
             return []
@@ -103,8 +116,38 @@ class PagedKVCache:
 
     def free(self, request: Request) -> None:
         # NOTE: the tail first, so under LRU a request's last blocks (the least shared) are evicted first.
-        self.pool.release(reversed(request.block_table))
+        self.pool.release(b for b in reversed(request.block_table) if b != RELEASED)
         request.block_table = []
+
+    def _release_out_of_window(self, request: Request) -> None:
+        """Give back the blocks no later query of `request` reads.
+
+        NOTE: the next query sits at position num_computed_tokens and sees keys from there - window + 1
+        on, so blocks ending at or before that key are out of every layer's window for good. They were
+        committed by the step that filled them (commit runs after every step), so they stay findable.
+        """
+        table = request.block_table
+        end = min((request.num_computed_tokens - self.window + 1) // self.block_size, len(table))
+        i = end - 1
+        out: list[int] = []
+        while i >= 0 and table[i] != RELEASED:   # walks only the newly released ones (older are -1)
+            out.append(table[i])
+            table[i] = RELEASED
+            i -= 1
+        if out:
+            self.pool.release(out)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        """The most blocks a request of `num_tokens` tokens holds at once (the admission check's figure).
+
+        NOTE: with a window, a chunk of n tokens from position c holds blocks floor((c-W+1)/bs) ..
+        ceil((c+n)/bs) - 1, at most ceil((n + W - 1) / bs) + 1 of them, and n <= the token budget.
+        """
+        whole = -(-num_tokens // self.block_size)
+        if not self.window:
+            return whole
+        n = min(num_tokens, self.max_chunk)
+        return min(whole, -(-(n + self.window - 1) // self.block_size) + 1)
 
     def num_free_blocks(self) -> int:
         return self.pool.num_free()

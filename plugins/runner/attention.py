@@ -53,6 +53,13 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     _, n_q_heads, num_tokens, head_dim = query.shape
     var = Variant(scaling if scaling is not None else head_dim ** -0.5,
                   int(sliding_window) if sliding_window else None, float(softcap) if softcap else None, s_aux)
+    declared = step.scratch.get("layer_windows")
+    if declared and (var.window or 0) != declared[module.layer_idx]:
+        # NOTE: the KV policy frees blocks by the declared windows: a layer reading further back would read
+        # reused blocks. Refuse rather than compute something else.
+        raise RuntimeError(f"layer {module.layer_idx} attends with sliding window {var.window}, but the model "
+                           f"spec declares {declared[module.layer_idx] or None} (loader.layer_windows misreads "
+                           f"{type(module).__name__}'s config)")
     k_new, v_new = key[0].transpose(0, 1), value[0].transpose(0, 1)   # [T, Hkv, D]
     kc.index_copy_(0, step.slot_mapping, k_new.to(kc.dtype))
     vc.index_copy_(0, step.slot_mapping, v_new.to(vc.dtype))
