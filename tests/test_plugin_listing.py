@@ -77,14 +77,27 @@ def test_the_text_listing_is_a_table_of_plugins_and_stages(capsys):
 
 
 @pytest.mark.anyio
-async def test_get_plugins_serves_the_same_listing_with_the_providers_that_answered(live_server):
+async def test_get_plugins_serves_the_same_listing_with_the_providers_that_answered(live_server, capsys):
     from modelcall.testing import ScriptedSampler
 
     async with live_server(plugins=[ScriptedSampler()]) as server:
         resp = await server.client.get("/-/plugins")
         assert resp.status == 200
         listing = await resp.json()
-        assert listing == describe(server.kernel.host, server.kernel.config, running=True)
+        # every registered plugin, with the hooks pluggy says it implements
+        pm = server.kernel.host.pm
+        assert {p["name"]: p["hooks"] for p in listing["plugins"]} == \
+            {name: sorted(h.name for h in pm.get_hookcallers(plugin) or ()) for name, plugin in pm.list_name_plugin()
+             if plugin is not None}
+        # the same rows as `modelcall plugins --json` for what both load (the command has no test plugin)
+        parser = argparse.ArgumentParser()
+        devtools.configure(parser)
+        assert devtools.run(parser.parse_args(["--json"])) == 0
+        command = {p["name"]: p for p in json.loads(capsys.readouterr().out)["plugins"]}
+        served = {p["name"]: p for p in listing["plugins"]}
+        assert {"devtools", "paged_kv", "scheduler", "torch_sampler"} <= set(command) & set(served)
+        assert all({k: served[n][k] for k in ("distribution", "version", "hooks")} ==
+                   {k: command[n][k] for k in ("distribution", "version", "hooks")} for n in set(command) & set(served))
         stages = listing["stages"]
         assert stages["sampler"]["provider"] == "modelcall.testing.scripted_sampler"
         assert stages["sampler"]["candidates"][-1] == "torch_sampler"  # the built-in, trylast
