@@ -53,6 +53,7 @@ class EntryInput(msgspec.Struct, kw_only=True):
     context_policy: str | None = None
     retries: int = 0
     sequences: int = 1                # sequences this submit adds to its client call (n of the first choice)
+    fork_of: str | None = None        # n > 1: the request whose prompt this choice shares; the prompt is charged there
     caller: Caller | None = None
     exchange: Exchange | None = None
 
@@ -97,7 +98,7 @@ class Entry:
             step = "tools"  # parsers and constraints, after permissions: a forbidden tool compiles nothing
             prepared = await self._prepare_tools(inp)
             step = "quota"
-            self._reserve(inp, caller, len(ids), max_tokens)
+            self._reserve(inp, caller, 0 if inp.fork_of is not None else len(ids), max_tokens)
             step = "admit"
             self._check_queue()
         except ModelcallError as e:

@@ -237,7 +237,8 @@ class Kernel:
                      response_format: Any = None, parallel_tool_calls: bool | None = None,
                      tool_parser: str | None = None, logits_processors: Iterable[Any] = (), caller: Caller | None = None,
                      exchange: Exchange | None = None, context_policy: str | None = None, retries: int = 0,
-                     sequences: int = 1, **param_fields: Any) -> RequestHandle:
+                     sequences: int = 1, fork_of: str | None = None, forks: int = 0,
+                     **param_fields: Any) -> RequestHandle:
         """Run the entry pipeline (`core/entry.py`) on one request, admit it, and return its handle.
 
         Tools and structured output (OpenAI meanings): with `tools` and `tool_choice` other than
@@ -257,6 +258,11 @@ class Kernel:
         knew about the client call (task, policy, retries, client address) and collects the handles.
         `context_policy="drop_oldest"` lets a chat prompt over the window drop its oldest history
         (the handle's `context` says what went).
+
+        n > 1: `forks` on the first request says how many requests with `fork_of` = its id follow
+        (same prompt ids); it is held until they are admitted (abort it if one is refused), its prompt
+        is prefilled once and its K/V forked to them, and it is charged once (the forks' usage and
+        quota count 0 prompt tokens).
         """
         received = now()
         rid = request_id or f"req-{uuid.uuid4().hex[:16]}"
@@ -266,9 +272,9 @@ class Kernel:
                          response_format=response_format, parallel_tool_calls=parallel_tool_calls,
                          tool_parser=tool_parser, logits_processors=tuple(logits_processors), task_id=task_id,
                          context_policy=context_policy, retries=retries, sequences=sequences, caller=caller,
-                         exchange=exchange)
+                         exchange=exchange, fork_of=fork_of)
         e = await self.entry.run(inp)
-        handle = self._admit(rid, e, received, messages, chat_template_kwargs)
+        handle = self._admit(rid, e, received, messages, chat_template_kwargs, (fork_of, forks))
         if exchange is not None:
             exchange.handles.append(handle)
         return handle
@@ -285,13 +291,14 @@ class Kernel:
         return await self.entry.count(inp)
 
     def _admit(self, rid: str, e: Entered, received: float, messages: list[dict] | None,
-               chat_template_kwargs: dict | None = None) -> RequestHandle:
+               chat_template_kwargs: dict | None = None, forking: tuple[str | None, int] = (None, 0)) -> RequestHandle:
         """The last entry step: the request's state, output pipeline, events, and the engine's inbox."""
         ids, params, max_tokens, task_id, caller, prepared = e.ids, e.params, e.max_tokens, e.task_id, e.caller, e.prepared
         priority, cache_salt, parts, context, retries = e.priority, e.cache_salt, e.parts, e.context, e.retries
         req = Request(rid, ids, params, task_id=task_id, priority=priority, arrival=received,
                       cache_salt=cache_salt, max_tokens=max_tokens, eos_token_ids=self.spec.eos_token_ids
                       | self.tokenizer.eos_token_ids)
+        req.fork_of, req.num_forks = forking
         output = self.output_stage.open(req, tool_stream=prepared.stream if prepared is not None else None,
                                         chat=messages is not None, chat_template_kwargs=chat_template_kwargs)
         record = RequestRecord(req, output, received, now())

@@ -63,6 +63,9 @@ class Request:
         # that request's prefill (shared blocks, copy on write of the last partial one) instead of
         # computing the prompt again.
         self.fork_of: str | None = None
+        # n > 1, on the request the others are forked from: how many will come. The scheduler holds
+        # it until they are all admitted (the caller aborts it if one is refused).
+        self.num_forks = 0
 
     @property
     def num_tokens(self) -> int:

@@ -76,8 +76,13 @@ class ServingContext:
         try:
             for p in params:
                 if handles:
-                    prompt = {"prompt_token_ids": handles[0].prompt_token_ids,
+                    # NOTE: later choices share the first one's prompt: prefilled once, charged once.
+                    prompt = {"prompt_token_ids": handles[0].prompt_token_ids, "fork_of": handles[0].request_id,
                               **{k: v for k, v in prompt.items() if k in _PER_CHOICE}}
+                    if p.prompt_logprobs is not None:  # the first choice scores the shared prompt
+                        p = msgspec.structs.replace(p, prompt_logprobs=None)
+                elif len(params) > 1:
+                    prompt = {**prompt, "forks": len(params) - 1}  # the others fork its prefill
                 # NOTE: the first choice counts all n against the call's sequence cap, before any runs.
                 handles.append(await self.kernel.submit(params=p, exchange=self.exchange,
                                                         sequences=0 if handles else len(params), **prompt))

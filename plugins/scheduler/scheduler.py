@@ -66,12 +66,20 @@ class DefaultScheduler:
         # n > 1: requests sharing a prompt with a request not yet past its prefill, by that request's
         # id; they are forked from its prefill (see _fork) rather than computing the prompt again.
         self.forks: dict[str, list[Request]] = {}
+        # Requests told to expect forks (`num_forks`), held out of the waiting queue until every fork
+        # was admitted, so that none misses the prefill it shares: id -> [request, forks still to come].
+        self.held: dict[str, list] = {}
 
     # ---- the Scheduler protocol -------------------------------------------------------------
 
     def add(self, request: Request) -> None:
         request.status = Status.WAITING
+        if request.num_forks > 0 and request.num_computed_tokens == 0 and not request.scheduled_once:
+            self.held[request.request_id] = [request, request.num_forks]
+            return
         parent = self.get(request.fork_of) if request.fork_of is not None else None
+        if request.fork_of in self.held:
+            self._fork_arrived(request.fork_of)
         if (parent is not None and parent.num_output_tokens == 0 and parent.max_tokens > 0
                 and request.params.prompt_logprobs is None  # a fork computes no prompt rows to score
                 and parent.num_prompt_tokens == request.num_prompt_tokens
@@ -91,7 +99,8 @@ class DefaultScheduler:
         return step.done()
 
     def finish(self, request: Request) -> None:
-        if self.running.pop(request.request_id, None) is None and not self.waiting.remove(request):
+        if (self.running.pop(request.request_id, None) is None and not self.waiting.remove(request)
+                and self.held.pop(request.request_id, None) is None):
             self._drop_fork(request)
         for child in self.forks.pop(request.request_id, ()):  # never forked: they compute the prompt themselves
             self.waiting.push(child)
@@ -99,13 +108,15 @@ class DefaultScheduler:
 
     def get(self, request_id: str) -> Request | None:
         found = self.running.get(request_id) or self.waiting.get(request_id)
+        if found is None and request_id in self.held:
+            found = self.held[request_id][0]
         if found is None and self.forks:
             found = next((c for cs in self.forks.values() for c in cs if c.request_id == request_id), None)
         return found
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting) + sum(len(cs) for cs in self.forks.values())
+        return len(self.waiting) + len(self.held) + sum(len(cs) for cs in self.forks.values())
 
     @property
     def num_running(self) -> int:
@@ -139,6 +150,13 @@ class DefaultScheduler:
                     child.scheduled_once = True
                     step.plan.newly_scheduled.append(child)
                 step.add_fork(child, parent)
+
+    def _fork_arrived(self, parent_id: str) -> None:
+        entry = self.held[parent_id]
+        entry[1] -= 1
+        if entry[1] <= 0:  # every fork is here: the shared prefill can start
+            del self.held[parent_id]
+            self.waiting.push(entry[0])
 
     def _drop_fork(self, request: Request) -> None:
         for parent_id, children in list(self.forks.items()):
