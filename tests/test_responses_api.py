@@ -249,3 +249,54 @@ def test_store_is_bounded_by_count_and_age():
     assert aged.get("resp_old", "a") is None
     aged.put("a", {"id": "resp_new", "status": "completed", "output": []}, [], [])
     assert len(aged) == 1
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    from modelcall.testing.scripted import ScriptedSampler
+
+    sampler = ScriptedSampler()
+    with ServerThread(ServerSettings(port=0), plugins=(sampler,), max_model_len=1024, num_kv_blocks=512) as s:
+        sampler.say(s.kernel.tokenizer.encode("<think>\nThe user greets me.\n</think>\n\nHello there, friend."))
+        yield s
+
+
+def test_reasoning_items_whole_and_streamed(scripted):
+    oai = openai.OpenAI(base_url=scripted.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    whole = oai.responses.create(model=MODEL, input="Hi!", max_output_tokens=64)
+    assert [o.type for o in whole.output] == ["reasoning", "message"]
+    assert whole.output[0].content[0].type == "reasoning_text"
+    assert whole.output[0].content[0].text.strip() == "The user greets me."
+    assert whole.output_text.strip() == "Hello there, friend."
+    assert 0 < whole.usage.output_tokens_details.reasoning_tokens < whole.usage.output_tokens
+
+    events = list(oai.responses.create(model=MODEL, input="Hi!", max_output_tokens=64, stream=True))
+    final = events[-1].response
+    assert events[-1].type == "response.completed"
+    rs = final.output[0]
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == rs.content[0].text
+    assert next(e for e in events if e.type == "response.reasoning_text.done").text == rs.content[0].text
+    kinds = [e.type for e in events if e.type.endswith((".added", ".done")) and "text" not in e.type]
+    assert kinds == ["response.output_item.added", "response.content_part.added", "response.content_part.done",
+                     "response.output_item.done"] * 2
+    assert final.output_text == whole.output_text
+    # the reasoning item goes back as input (the Agents SDK sends it so) and is accepted
+    again = oai.responses.create(model=MODEL, max_output_tokens=8, previous_response_id=final.id,
+                                 input=[{"role": "user", "content": "And?"}])
+    assert again.status == "incomplete" and again.previous_response_id == final.id
+
+
+def test_client_sent_history_with_calls_and_outputs_validates_on_turn_two(oai, collector):
+    """Codex-style: no store, the client sends the whole conversation back (its output items as they came)."""
+    first = [{"role": "user", "content": "Weather in Rome?"}]
+    r1 = oai.responses.create(model=MODEL, input=first, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+                              max_output_tokens=96, store=False, extra_body={"seed": 4})
+    call = next(o for o in r1.output if o.type == "function_call")
+    history = first + [o.model_dump(exclude_none=True) for o in r1.output] + [
+        {"type": "function_call_output", "call_id": call.call_id, "output": "rain"},
+        {"role": "user", "content": [{"type": "input_text", "text": "Thanks, and Milan?"}]}]
+    r2 = oai.responses.create(model=MODEL, input=history, tools=TOOLS, tool_choice="required",
+                              parallel_tool_calls=False, max_output_tokens=96, store=False, extra_body={"seed": 4})
+    assert r2.status == "completed" and any(o.type == "function_call" for o in r2.output)
+    [a2] = [e for e in collector.of(RequestAdmitted) if e.task_id == r2.id]
+    assert a2.tool_results == (call.call_id,) and a2.prompt_parts["history"] > 0

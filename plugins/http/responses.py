@@ -18,7 +18,7 @@ from aiohttp import web
 
 from modelcall.core.metering import EXCHANGE_KEY, Caller
 from modelcall.core.server_tools import ServerToolbox, toolbox_of
-from modelcall.events import Usage
+from modelcall.events import ResponseSent, Usage
 from modelcall.plugins.http import sse
 from modelcall.plugins.http.errors import ApiError
 from modelcall.plugins.http.responses_loop import LoopResult, run_loop
@@ -189,7 +189,10 @@ class _Runner:
         async def go() -> None:
             self.state.store.update(self.owner, {**self.base, "status": "in_progress"})
             try:
-                response = self.final(await self.loop(flush))
+                result = await self.loop(flush)
+                response = self.final(result)
+                # NOTE: no HTTP response waits for a background one: its last pass is answered now
+                self.ctx.kernel.bus.publish([ResponseSent(request_id=result.request_ids[-1], task_id=self.task_id)])
             except asyncio.CancelledError:
                 self.state.store.update(self.owner, self.final(None, "cancelled"))
                 raise
