@@ -130,7 +130,7 @@ class OutputState:
     """Per-request output pipeline, advanced once per sampled token (see the module docstring)."""
 
     __slots__ = ("detok", "stops", "reasoning", "tools", "filters", "strip_tags", "pieces", "reasoning_pieces",
-                 "reasoning_tokens", "num_calls", "ended")
+                 "reasoning_tokens", "num_calls", "ended", "plain")
 
     def __init__(self, detok: IncrementalDetokenizer, stops: tuple[str, ...] = (), include_stop: bool = False, *,
                  reasoning: ReasoningParser | None = None, tools: ToolCallStream | None = None,
@@ -146,6 +146,7 @@ class OutputState:
         self.reasoning_tokens = 0
         self.num_calls = 0
         self.ended = False
+        self.plain = self.stops is None and reasoning is None and tools is None and filters is None
 
     @property
     def text(self) -> str:
@@ -167,6 +168,10 @@ class OutputState:
         piece = self.detok.push((token_id,))
         if n_out >= request.max_tokens or request.num_tokens >= window:
             return self._advance(piece, True, "length", None, r_tok, logprob, n_out >= p.min_tokens)
+        if self.plain:  # NOTE: most requests: no stop strings, parsers or filters; nothing to hold back
+            if piece:
+                self.pieces.append(piece)
+            return Released(piece, "", None, (), 0, (logprob,) if logprob is not None else None, None, None)
         return self._advance(piece, False, None, None, r_tok, logprob, n_out >= p.min_tokens)
 
     def close(self, reason: str = "abort") -> Released:
