@@ -300,3 +300,16 @@ def test_client_sent_history_with_calls_and_outputs_validates_on_turn_two(oai, c
     assert r2.status == "completed" and any(o.type == "function_call" for o in r2.output)
     [a2] = [e for e in collector.of(RequestAdmitted) if e.task_id == r2.id]
     assert a2.tool_results == (call.call_id,) and a2.prompt_parts["history"] > 0
+
+
+def test_a_file_store_survives_a_restart_and_fails_what_was_left_running(tmp_path):
+    path = str(tmp_path / "responses.sqlite3")
+    before = ResponseStore(path)
+    before.put("a", {"id": "resp_done", "status": "completed", "output": []}, [], [])
+    before.put("a", {"id": "resp_bg", "status": "in_progress", "background": True, "output": []}, [], [])
+    before.close()
+    after = ResponseStore(path)
+    assert after.fail_unfinished("restarted") == 1
+    assert after.get("resp_done", "a").status == "completed"
+    bg = after.get("resp_bg", "a")
+    assert bg.status == "failed" and bg.response["status"] == "failed" and bg.response["error"]["message"] == "restarted"

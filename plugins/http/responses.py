@@ -48,6 +48,9 @@ def setup(app: web.Application, kernel: Any) -> None:
     """Give `app` the Responses routes' state; background responses are cancelled on cleanup."""
     state = ResponsesState(ResponseStore.from_config(kernel.config.plugin_config), toolbox_of(kernel))
     app[STATE] = state
+    orphans = state.store.fail_unfinished("the server restarted while this background response ran")
+    if orphans:
+        log.warning("%d background response(s) of a previous run were left unfinished; marked failed", orphans)
 
     async def cleanup(_app: web.Application) -> None:
         for task in list(state.background.values()):

@@ -87,6 +87,19 @@ class ResponseStore:
             return self._db.execute("DELETE FROM responses WHERE id = ? AND owner = ?",
                                     (response_id, owner)).rowcount == 1
 
+    def fail_unfinished(self, message: str) -> int:
+        """Mark responses a previous process left queued or in progress as failed (nothing resumes
+        them); returns how many. Their hosted calls' claims stay, so nothing reruns under their ids."""
+        with self._lock:
+            rows = self._db.execute("SELECT id, response FROM responses WHERE status IN ('queued', 'in_progress')"
+                                    ).fetchall()
+            for rid, body in rows:
+                response = {**msgspec.json.decode(body), "status": "failed",
+                            "error": {"code": "server_error", "message": message}}
+                self._db.execute("UPDATE responses SET status = 'failed', response = ? WHERE id = ?",
+                                 (msgspec.json.encode(response).decode(), rid))
+        return len(rows)
+
     def __len__(self) -> int:
         with self._lock:
             return self._db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
