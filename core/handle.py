@@ -5,7 +5,7 @@ from collections.abc import Callable
 from typing import Any
 
 from modelcall.events.stream import RequestStream
-from modelcall.events.types import Event, Finished, RequestFailed, TokensEmitted
+from modelcall.events.types import Event, Finished, RequestFailed, TokensEmitted, ToolRequested
 
 
 class RequestHandle:
@@ -51,22 +51,27 @@ class RequestHandle:
 
     async def result(self) -> Completion:
         """Read the request to its end and return the whole completion."""
-        text, tokens, logprobs = [], [], []
+        text, tokens, logprobs, calls = [], [], [], []
         async for ev in self:
             if type(ev) is TokensEmitted:
                 text.append(ev.text)
                 tokens.extend(ev.token_ids)
                 if ev.logprobs:
                     logprobs.extend(ev.logprobs)
+            elif type(ev) is ToolRequested:
+                calls.append(ev)
             elif type(ev) is Finished:
-                return Completion(self.request_id, "".join(text), tokens, ev, logprobs or None)
+                done = Completion(self.request_id, "".join(text), tokens, ev, logprobs or None)
+                done.tool_calls = calls
+                return done
             elif type(ev) is RequestFailed:
                 raise RuntimeError(f"request {self.request_id} failed: {ev.error_type}: {ev.message}")
         raise RuntimeError(f"request {self.request_id} ended without a Finished event")
 
 
 class Completion:
-    """A finished request: its text, token ids and the Finished event (reason, usage, timings)."""
+    """A finished request: its text (the answer), token ids and the Finished event (reason, usage,
+    timings); `reasoning` and `tool_calls` (its complete calls, ToolRequested) as the output stage split them."""
 
     def __init__(self, request_id: str, text: str, token_ids: list[int], finished: Finished,
                  logprobs: list | None) -> None:
@@ -75,6 +80,11 @@ class Completion:
         self.token_ids = token_ids
         self.finished = finished
         self.logprobs = logprobs
+        self.tool_calls: list[ToolRequested] = []
+
+    @property
+    def reasoning(self) -> str:
+        return self.finished.reasoning
 
     @property
     def finish_reason(self) -> str:

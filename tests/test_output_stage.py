@@ -213,3 +213,22 @@ def test_logprob_bytes_are_each_tokens_own_bytes(demo_model_dir):
     assert halves, "the demo tokenizer splits these characters into byte tokens"
     for b in halves:  # a token that is part of a character has those bytes, not U+FFFD's
         assert b != "\ufffd".encode()
+
+
+# ---- reasoning in the kernel (embedded apps see the same split as the front ends) --------------
+
+@pytest.mark.anyio
+async def test_chat_output_is_split_in_the_kernel_and_enable_thinking_false_turns_it_off(make_kernel):
+    sampler = ScriptedSampler()
+    async with make_kernel(plugins=[sampler]) as kernel:
+        tok = kernel.tokenizer
+        script = tok.encode("<think>\nweigh it\n</think>\n\nYes.")
+        sampler.say(script)
+        msgs = [{"role": "user", "content": "ok?"}]
+        done = await kernel.complete(messages=msgs, max_tokens=32)
+        assert (done.reasoning, done.text) == ("weigh it\n", "Yes.")
+        assert done.usage.reasoning_tokens == script.index(tok.token_to_id("</think>")) + 1
+        off = await kernel.complete(messages=msgs, max_tokens=32, chat_template_kwargs={"enable_thinking": False})
+        assert (off.reasoning, off.usage.reasoning_tokens) == ("", 0) and off.text.startswith("<think>")
+        raw = await kernel.complete("ok?", max_tokens=32)  # a plain prompt's output stays raw text
+        assert raw.text == tok.decode(script) and raw.usage.reasoning_tokens == 0
