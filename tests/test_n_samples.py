@@ -185,3 +185,28 @@ def test_http_best_of_returns_the_most_likely_samples(server):
     assert [c["text"] for c in best["choices"]] == [c["text"] for c in ranked[:2]]
     assert [c["index"] for c in best["choices"]] == [0, 1]
     assert best["usage"]["completion_tokens"] == 16  # all four samples were generated
+
+
+def test_quota_and_ledger_charge_the_shared_prompt_once(tmp_path, demo_model_dir):
+    from keys_util import write_keys
+
+    from modelcall.plugins.ledger.plugin import ledger_of
+    from modelcall.plugins.ledger.store import open_readonly
+
+    prompt = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n" * 2
+    keys = write_keys(tmp_path / "keys.toml", {"mc-n-key": {"name": "n", "tpm": 200}})
+    db = tmp_path / "ledger.sqlite3"
+    with ServerThread(plugin_config={"auth": {"api_keys": str(keys)}, "ledger": {"path": str(db)}}) as s:
+        head = {"x-api-key": "mc-n-key"}
+        n_prompt = len(requests.post(s.base_url + "/tokenize", json={"prompt": prompt}, headers=head).json()["tokens"])
+        assert 4 * (n_prompt + 8) > 200 >= n_prompt + 4 * 8  # fits only when the prompt is charged once
+        r = requests.post(s.base_url + "/v1/completions", headers=head, timeout=60,
+                          json={"prompt": prompt, "max_tokens": 8, "n": 4, "temperature": 1.0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == n_prompt
+        observer, _ = ledger_of(s.kernel)
+        observer.flush()
+        with open_readonly(db) as conn:
+            rows = conn.execute("SELECT COUNT(*), SUM(prompt_tokens), SUM(completion_tokens) FROM requests "
+                                "WHERE key_name = 'n' AND status = 200").fetchone()
+    assert tuple(rows) == (4, n_prompt, 32)
