@@ -71,6 +71,10 @@ class Sampler(Protocol):
         list with a `PositionLogprobs` (or None) per row. Reads each request's `params`
         and `all_token_ids` (penalties) and may keep state in `request.sampler_state`
         (a seeded generator). Runs in the runner's worker thread.
+
+        Optional, for `params.prompt_logprobs`: `prompt_logprobs(logits, targets, num_top)` scores
+        given tokens (row i: `targets[i]`) and returns (a `PositionLogprobs` per row, each token's
+        rank); the built-in runner calls it on the prefill rows that score prompt tokens.
         """
         ...
 
@@ -145,6 +149,11 @@ class KVCachePolicy(Protocol):
     def reset_prefix_cache(self) -> None:
         """Forget every cached key (blocks in use stay in use)."""
         ...
+
+    # Optional, for n > 1 from one prefill: `fork(parent, child, num_tokens)` gives `child` (holding
+    # no blocks) `parent`'s first `num_tokens` tokens of K/V (full blocks shared, the last partial one
+    # copied on write) and returns the (source, destination) block copies the runner makes after
+    # the step's forward, or None when it cannot. Without it, forks compute their prompt.
 
 
 @runtime_checkable
