@@ -26,8 +26,15 @@ def test_bench_serve_measures_a_live_server(tmp_path):
     assert figures["output_tokens"] == 9 * 12  # ignore_eos + min_tokens: every request makes all its tokens
     assert figures["ttft_ms"]["p50"] > 0 and figures["itl_ms"]["p99"] >= figures["itl_ms"]["p50"]
     assert figures["server"]["engine_steps"] >= 12
+    # the three first-token moments, apart: the engine's (server clock) and the client's two
+    assert figures["engine_requests"] == 9
+    assert 0 < figures["engine_ttft_ms"]["p50"] and figures["engine_itl_ms"]["p50"] > 0
+    assert figures["first_event_ms"]["p50"] <= figures["ttft_ms"]["p50"]
     text = bench_serve.render(figures)
     assert "output token throughput" in text and "server (modelcall)" in text
+    for label in ("engine first token", "client first event", "client first content text",
+                  "engine inter-token latency", "client inter-event gap"):
+        assert label in text
 
 
 def test_bench_is_a_group_with_serve_and_throughput(capsys):

@@ -3,7 +3,12 @@
 Streams `/v1/completions` (prompt token ids or text, `ignore_eos`/`min_tokens` so every request
 makes exactly its `max_tokens`) from N concurrent clients and reports what the clients saw: TTFT,
 inter-token latency, request and output-token throughput. When the server is modelcall, its own
-engine figures (`GET /-/stats`) are shown beside them.
+engine figures (`GET /-/stats`, and `GET /-/events` for each request's engine timings) are shown
+beside them.
+
+The three "first token" moments are kept apart: the engine's first token (server clock: received
+-> first token sampled), the client's first event (any SSE data frame) and the client's first
+content text; likewise the engine's inter-token latency vs the client's inter-event gaps.
 """
 from __future__ import annotations
 
@@ -25,11 +30,13 @@ from modelcall.plugins.bench.workload import load_rows
 class RequestResult:
     ok: bool
     start: float
-    first: float | None = None
+    first: float | None = None          # the first content text
+    first_event: float | None = None    # the first SSE data frame of any kind
     end: float = 0.0
-    chunk_times: list[float] = field(default_factory=list)
+    chunk_times: list[float] = field(default_factory=list)  # every data frame with choices
     output_tokens: int = 0
     error: str = ""
+    request_id: str | None = None       # the server's request id (modelcall: the response id minus its prefix)
 
     @property
     def ttft(self) -> float | None:
@@ -55,6 +62,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=None, help="sent as a Bearer token")
     parser.add_argument("--json", dest="json_out", default=None, metavar="FILE", help="also write the figures as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-engine-events", action="store_true",
+                        help="do not read modelcall's /-/events for the engine's own first-token and ITL figures")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,12 +86,77 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         if args.warmup:
             await _run_all(session, args, [rows[i % len(rows)] for i in range(args.warmup)], progress=False)
         before = await _server_stats(session)
+        feed = None if getattr(args, "no_engine_events", False) or before is None else await EngineFeed.open(session)
         t0 = time.perf_counter()
         results = await _run_all(session, args, [rows[i % len(rows)] for i in range(n)],
                                  progress=not args.no_progress)
         wall = time.perf_counter() - t0
         after = await _server_stats(session)
-    return summarize(results, wall, args.concurrency, before, after)
+        if feed is not None:
+            await feed.close([r.request_id for r in results if r.ok and r.request_id])
+    return summarize(results, wall, args.concurrency, before, after, feed)
+
+
+class EngineFeed:
+    """modelcall's `/-/events` (token steps and ends) read while the benchmark runs: the engine's own
+    first-token time and inter-token latency per request, measured on the server's clock."""
+
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+        self.tokens: dict[str, list[float]] = {}
+        self.ttft: dict[str, float] = {}
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    @classmethod
+    async def open(cls, session: aiohttp.ClientSession) -> EngineFeed | None:
+        feed = cls(session)
+        feed._task = asyncio.create_task(feed._read())
+        try:
+            await asyncio.wait_for(feed._ready.wait(), 5)
+        except asyncio.TimeoutError:
+            pass
+        if not feed._ready.is_set() or feed._task.done():
+            feed._task.cancel()
+            return None
+        return feed
+
+    async def _read(self) -> None:
+        try:
+            async with self.session.get("/-/events?types=TokensEmitted,Finished") as resp:
+                if resp.status != 200:
+                    return
+                async for line in resp.content:
+                    if line.startswith(b"event: snapshot"):
+                        self._ready.set()
+                    elif line.startswith(b"data: {"):
+                        self._apply(json.loads(line[6:]))
+        except (aiohttp.ClientError, ValueError):
+            return
+
+    def _apply(self, ev: dict[str, Any]) -> None:
+        rid = ev.get("request_id")
+        if ev.get("type") == "TokensEmitted" and ev.get("token_ids"):
+            self.tokens.setdefault(rid, []).append(ev["ts"])
+        elif ev.get("type") == "Finished":
+            t = ev["timings"]
+            if t.get("first_token") is not None:
+                self.ttft[rid] = t["first_token"] - t["received"]
+
+    async def close(self, request_ids: list[str], timeout_s: float = 5.0) -> None:
+        """Wait (briefly) until every request's end arrived, then stop reading."""
+        deadline = time.perf_counter() + timeout_s
+        while any(r not in self.ttft for r in request_ids) and time.perf_counter() < deadline:
+            await asyncio.sleep(0.02)
+        assert self._task is not None
+        self._task.cancel()
+        self.request_ids = request_ids
+
+    def figures(self) -> dict[str, Any]:
+        ids = getattr(self, "request_ids", list(self.ttft))
+        gaps = [b - a for r in ids for a, b in zip(self.tokens.get(r, ()), self.tokens.get(r, ())[1:])]
+        return {"engine_ttft_ms": _dist([self.ttft[r] for r in ids if r in self.ttft]), "engine_itl_ms": _dist(gaps),
+                "engine_requests": sum(r in self.ttft for r in ids)}
 
 
 async def _run_all(session: aiohttp.ClientSession, args: argparse.Namespace, rows: list[dict[str, Any]],
@@ -129,15 +203,20 @@ async def one_request(session: aiohttp.ClientSession, model: str, row: dict[str,
                 if not raw.startswith(b"data: ") or raw.startswith(b"data: [DONE]"):
                     continue
                 now = time.perf_counter()
+                if res.first_event is None:
+                    res.first_event = now
                 chunk = json.loads(raw[6:])
+                if res.request_id is None and isinstance(chunk.get("id"), str):
+                    res.request_id = chunk["id"].removeprefix("cmpl-")
                 if chunk.get("usage"):
                     res.output_tokens = chunk["usage"]["completion_tokens"]
                 choices = chunk.get("choices") or ()
+                if choices:
+                    res.chunk_times.append(now)
                 if choices and choices[0].get("text"):
                     chunks += 1
                     if res.first is None:
                         res.first = now
-                    res.chunk_times.append(now)
         res.end = time.perf_counter()
         res.output_tokens = res.output_tokens or chunks
         res.ok = True
@@ -173,17 +252,20 @@ def _dist(values: list[float]) -> dict[str, float | None]:
 
 
 def summarize(results: list[RequestResult], wall: float, concurrency: int, before: dict | None,
-              after: dict | None) -> dict[str, Any]:
+              after: dict | None, feed: EngineFeed | None = None) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
     itl = [b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:])]
     tokens = sum(r.output_tokens for r in ok)
     out: dict[str, Any] = {
         "requests": len(results), "failed": len(results) - len(ok), "concurrency": concurrency,
         "wall_s": wall, "request_per_s": len(ok) / wall, "output_tokens": tokens, "output_tok_per_s": tokens / wall,
-        "ttft_ms": _dist([r.ttft for r in ok if r.ttft is not None]),
+        "ttft_ms": _dist([r.ttft for r in ok if r.ttft is not None]),  # the client's first content text
+        "first_event_ms": _dist([r.first_event - r.start for r in ok if r.first_event is not None]),
         "itl_ms": _dist(itl), "tpot_ms": _dist([r.tpot for r in ok if r.tpot is not None]),
         "errors": sorted({r.error for r in results if not r.ok})[:5],
     }
+    if feed is not None:
+        out.update(feed.figures())
     if before is not None and after is not None:
         steps = after.get("steps", 0) - before.get("steps", 0)
         kv = after.get("kv", {})
@@ -200,10 +282,24 @@ def render(f: dict[str, Any]) -> str:
             return f"{name}: n/a"
         return f"{name}: mean {x['mean']:.1f}  p50 {x['p50']:.1f}  p90 {x['p90']:.1f}  p99 {x['p99']:.1f}"
 
+    def m(label: str, name: str, where: str) -> str:
+        x = f.get(name)
+        if not x or x["p50"] is None:
+            return f"  {label:<28} n/a"
+        return (f"  {label:<28} mean {x['mean']:7.1f}  p50 {x['p50']:7.1f}  p90 {x['p90']:7.1f}  p99 {x['p99']:7.1f}"
+                f"   ({where})")
+
     lines = [f"requests: {f['requests']} ({f['failed']} failed) at concurrency {f['concurrency']} in {f['wall_s']:.2f} s",
              f"request throughput: {f['request_per_s']:.2f} req/s",
              f"output token throughput: {f['output_tok_per_s']:.1f} tok/s ({f['output_tokens']} tokens)",
-             d("ttft_ms"), d("itl_ms"), d("tpot_ms")]
+             "first token, three moments apart (ms):",
+             m("engine first token", "engine_ttft_ms", "server: received -> first token sampled"),
+             m("client first event", "first_event_ms", "client: sent -> first SSE data frame"),
+             m("client first content text", "ttft_ms", "client: sent -> first text"),
+             "between tokens (ms):",
+             m("engine inter-token latency", "engine_itl_ms", "server: gap between a request's token steps"),
+             m("client inter-event gap", "itl_ms", "client: gap between SSE data frames"),
+             d("tpot_ms")]
     if "server" in f:
         s = f["server"]
         per_step = s["output_tokens_per_step"]

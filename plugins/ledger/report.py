@@ -55,7 +55,11 @@ def task_report(conn: sqlite3.Connection, task_id: str) -> dict[str, Any]:
         for k, v in spans.items():
             totals[k] += v
         entry: dict[str, Any] = {"request_id": r["request_id"], **spans,
-                                 "total": sum(spans.values())}
+                                 "total": sum(spans.values()),
+                                 # the engine's first token, on the server's clock; the client's first
+                                 # event and first content text are the client's to measure (not here)
+                                 "engine_first_token": (None if r["first_token"] is None or r["received"] is None
+                                                        else r["first_token"] - r["received"])}
         if i + 1 < len(reqs):
             end = r["response_sent"] or r["finished"]
             gap = _span(end, reqs[i + 1]["received"])
@@ -108,6 +112,9 @@ def render(rep: dict[str, Any]) -> str:
     for r in t["requests"]:
         out.append(f"   {r['request_id']}: " + ", ".join(f"{k} {_ms(r[k]).strip()}" for k in SPANS)
                    + f" = {_ms(r['total']).strip()}")
+        if r.get("engine_first_token") is not None:
+            out.append(f"     engine first token {_ms(r['engine_first_token']).strip()} after received "
+                       "(client first event / first content text: see the client, e.g. `modelcall bench serve`)")
         a = r.get("after")
         if a is not None and "overlap" in a:
             out.append(f"     overlaps the next request by {_ms(a['overlap']).strip()}")
