@@ -293,3 +293,19 @@ def test_tools_config_file_is_read_and_checked(tmp_path):
             load({"server_tools": {"servers": servers}})
     with pytest.raises(ConfigError, match="does not exist"):
         load({"server_tools": {"config": str(tmp_path / "missing.toml")}})
+
+
+def test_an_unreachable_mcp_server_stops_the_start_naming_it():
+    from modelcall.testing import kernel_for_test
+
+    import anyio
+
+    async def start():
+        cfg = {"server_tools": {"servers": [{"label": "gone", "url": f"http://127.0.0.1:{_free_port()}/mcp",
+                                             "connect_timeout_s": 2}]}}
+        async with kernel_for_test(plugin_config=cfg):
+            pass
+
+    with pytest.raises(Exception, match="gone") as e:
+        anyio.run(start)
+    assert "MCP server 'gone'" in str(e.value) or "MCP server 'gone'" in str(e.value.__cause__)

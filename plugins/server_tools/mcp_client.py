@@ -45,7 +45,7 @@ class McpConnection:
         try:
             await asyncio.wait_for(self._ready.wait(), self.cfg.connect_timeout_s)
         except TimeoutError:
-            await self.close()
+            await self.close(wait_s=0)
             raise ConfigError(f"MCP server {self.cfg.label!r} did not answer within {self.cfg.connect_timeout_s} s") \
                 from None
         if self._error is not None:
@@ -86,9 +86,10 @@ class McpConnection:
             raise McpToolError(text or "the tool reported an error")
         return text
 
-    async def close(self) -> None:
+    async def close(self, wait_s: float = 10.0) -> None:
+        """End the session (the child process exits); after `wait_s` the connection task is cancelled."""
         self._stop.set()
-        if self._task is not None:
+        task, self._task = self._task, None
+        if task is not None:
             with contextlib.suppress(BaseException):
-                await asyncio.wait_for(self._task, 10)
-            self._task = None
+                await asyncio.wait_for(task, wait_s)  # NOTE: wait_for cancels the task when time is up
