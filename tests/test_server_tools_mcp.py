@@ -309,3 +309,42 @@ def test_an_unreachable_mcp_server_stops_the_start_naming_it():
     with pytest.raises(Exception, match="gone") as e:
         anyio.run(start)
     assert "MCP server 'gone'" in str(e.value) or "MCP server 'gone'" in str(e.value.__cause__)
+
+
+def test_toolbox_validates_authorizes_and_runs_world_changing_tools_once():
+    """The execution steps on their own (the live tests cannot produce bad arguments: the grammar forces them)."""
+    import anyio
+
+    from modelcall.core.metering import Caller
+    from modelcall.plugins.server_tools.claims import Claims
+    from modelcall.plugins.server_tools.toolbox import Toolbox
+
+    ran: list[int] = []
+
+    def charge(amount: Annotated[int, "cents"]) -> str:
+        """Charge a card."""
+        ran.append(amount)
+        return f"charged {amount}"
+
+    published: list = []
+    box = Toolbox(published.extend, Claims())
+    box.add_python(tool(charge, changes_world=True), "pay")
+    [info] = box.tools()
+
+    async def go():
+        kw = dict(request_id="req-1", task_id="t", idempotency_key="resp_x/0/0")
+        bad = await box.execute(info, call_id="c1", arguments='{"amount": "ten"}', **kw)
+        assert not bad.ok and "invalid arguments for pay__charge" in bad.error and ran == []
+        refused = await box.execute(info, call_id="c1", arguments='{"amount": 5}', caller=Caller(name="k", tools=frozenset()),
+                                    **kw)
+        assert not refused.ok and "may not use pay__charge" in refused.error and ran == []
+        first = await box.execute(info, call_id="c1", arguments='{"amount": 5}', **kw)
+        again = await box.execute(info, call_id="c9", arguments='{"amount": 5}', **kw)
+        assert first.ok and again.ok and again.replayed and again.output == first.output == "charged 5"
+        assert ran == [5]
+        other = await box.execute(info, call_id="c2", arguments='{"amount": 7}', **{**kw, "idempotency_key": "resp_x/1/0"})
+        assert other.ok and ran == [5, 7]
+
+    anyio.run(go)
+    assert [type(e).__name__ for e in published] == ["ToolFailed", "ToolFailed", "ToolExecuted", "ToolExecuted",
+                                                   "ToolExecuted"]
