@@ -196,12 +196,7 @@ class Entry:
         if not k.safety_filters:
             return
         if inp.prompt_token_ids is not None:
-            # NOTE: token ids are text too: a blocked term sent as ids must not pass. Special tokens
-            # are kept (decoding without them could join pieces around them) and dropped (a term
-            # split by specials), so both readings are checked.
-            tok = k.tokenizer
-            texts = await anyio.to_thread.run_sync(lambda: list(dict.fromkeys(
-                (tok.decode(ids, skip_special_tokens=False), tok.decode(ids, skip_special_tokens=True)))))
+            texts = await _decoded(k.tokenizer, ids)
         elif inp.prompt is not None:
             texts = [inp.prompt]
         else:
@@ -220,6 +215,9 @@ class Entry:
         if k.tools is None:
             return None
         eos, ts = k.spec.eos_token_ids | k.tokenizer.eos_token_ids, k.tools
+        if not (inp.tools or inp.tool_choice is not None or inp.response_format is not None or inp.tool_parser
+                or inp.logits_processors):
+            return None  # NOTE: nothing to parse or constrain (what prepare returns then), no thread hop
         return await anyio.to_thread.run_sync(lambda: ts.prepare(
             request_id=inp.request_id, task_id=inp.task_id, eos_token_ids=eos, tools=inp.tools,
             tool_choice=inp.tool_choice, response_format=inp.response_format,
@@ -246,6 +244,28 @@ class Entry:
         waiting = k.scheduler.num_waiting + max(0, k.engine.num_pending - free_slots)
         if waiting >= k.config.max_queued:
             raise Overloaded(f"{waiting} requests are waiting (limit {k.config.max_queued})")
+
+
+INLINE_DECODE = 2048  # token ids decoded on the event loop up to this many (a thread hop costs more)
+
+
+async def _decoded(tok: Any, ids: list[int]) -> list[str]:
+    """The texts input filters read for a token-id prompt.
+
+    NOTE: token ids are text too: a blocked term sent as ids must not pass. Decoded with special
+    tokens kept, and, when the ids hold any, also without them (a term split by special tokens).
+    """
+    specials = getattr(tok, "special_token_ids", None)
+    both = specials is None or not specials.isdisjoint(ids)
+
+    def decode() -> list[str]:
+        kept = tok.decode(ids, skip_special_tokens=False)
+        if not both:
+            return [kept]
+        skipped = tok.decode(ids, skip_special_tokens=True)
+        return [kept] if skipped == kept else [kept, skipped]
+
+    return decode() if len(ids) <= INLINE_DECODE else await anyio.to_thread.run_sync(decode)
 
 
 def _is_template_error(e: BaseException) -> bool:

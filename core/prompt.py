@@ -29,10 +29,9 @@ async def prompt_token_ids_of(tokenizer: Tokenizer, vocab_size: int, prompt: str
     elif messages is not None:
         if not messages:
             raise InvalidRequest("messages must not be empty", field="messages")
-        text = await anyio.to_thread.run_sync(
-            lambda: tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                            **(template_kwargs or {})))
-        out = await anyio.to_thread.run_sync(tokenizer.encode, text)
+        # NOTE: render and encode in one worker-thread hop (each hop costs more than a short encode)
+        out = await anyio.to_thread.run_sync(lambda: tokenizer.encode(tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, **(template_kwargs or {}))))
     else:
         if not isinstance(prompt, str):
             raise InvalidRequest("prompt must be a string", field="prompt")

@@ -272,3 +272,69 @@ def test_schemathesis_with_keys_no_5xx_and_no_2xx_without_a_key(server):
             _check_operation(server, operation, who, statuses[who])
     assert {"/v1/chat/completions", "/v1/completions", "/v1/messages"} <= paths
     assert statuses["none"] and statuses["key"] and any(200 <= s < 300 for s in statuses["key"])
+
+
+# ---- keys: expiry, disabling, revoking on a running server (SIGHUP) -------------------------------
+
+def test_revoked_expired_and_disabled_keys_are_refused_and_sighup_applies_a_revoke_without_restart(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    modelcall = str(Path(sys.executable).parent / "modelcall")
+    keys = write_keys(tmp_path / "keys.toml", {
+        "mc-live-key": {"name": "live"}, "mc-other-key": {"name": "other"},
+        "mc-old-key": {"name": "old"}, "mc-gone-key": {"name": "gone", "disabled": "true"},
+    })
+    # TOML datetimes and booleans are not strings: write them as such.
+    text = keys.read_text().replace('disabled = "true"', "disabled = true")
+    keys.write_text(text.replace('name = "old"', 'name = "old"\nexpires_at = 2020-01-01T00:00:00Z'))
+    listed = subprocess.run([modelcall, "keys", "list", str(keys)], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    states = {ln.split()[0]: ln.split()[1] for ln in listed.stdout.splitlines()[1:]}
+    assert states == {"live": "active", "other": "active", "old": "expired", "gone": "disabled"}
+
+    proc = subprocess.Popen([modelcall, "serve", "--port", "0", "--api-keys", str(keys), "--ledger", "off",
+                             "--max-model-len", "512"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        line = ""
+        deadline = time.monotonic() + 120
+        while "serving" not in line and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+        base = re.search(r"http://\S+", line).group(0)
+        body = {"prompt": "hello there", "max_tokens": 300, "ignore_eos": True, "stream": True}
+        for key, why in (("mc-old-key", "expired"), ("mc-gone-key", "disabled")):
+            r = httpx.post(base + "/v1/completions", headers=auth(key), json={"prompt": "x", "max_tokens": 1})
+            assert r.status_code == 401 and why in r.json()["error"]["message"], r.text
+        with httpx.stream("POST", base + "/v1/completions", headers=auth("mc-live-key"), json=body, timeout=120) as s:
+            lines = s.iter_lines()
+            first = next(ln for ln in lines if ln.startswith("data: {"))
+            assert json.loads(first[6:])["choices"]
+            out = subprocess.run([modelcall, "keys", "revoke", "live", str(keys)], capture_output=True, text=True,
+                                 timeout=60)
+            assert out.returncode == 0 and "SIGHUP" in out.stdout, out.stderr
+            os.kill(proc.pid, signal.SIGHUP)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:  # the next request sees the change
+                r = httpx.post(base + "/v1/completions", headers=auth("mc-live-key"),
+                               json={"prompt": "x", "max_tokens": 1})
+                if r.status_code == 401:
+                    break
+                time.sleep(0.1)
+            assert r.status_code == 401 and "disabled" in r.json()["error"]["message"]
+            rest = [ln for ln in lines if ln.startswith("data: ")]
+        # The request in flight when the key was revoked ran to its end.
+        chunks = [json.loads(ln[6:]) for ln in rest if ln != "data: [DONE]"]
+        assert rest[-1] == "data: [DONE]" and chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert httpx.post(base + "/v1/completions", headers=auth("mc-other-key"),
+                          json={"prompt": "x", "max_tokens": 1}).status_code == 200
+        assert "disabled = true" in keys.read_text() and "expires_at = 2020" in keys.read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
