@@ -12,8 +12,9 @@ import pytest
 from http_server import ServerThread
 
 from modelcall.core import hookimpl
-from modelcall.events import StepDone
+from modelcall.events import Finished, RequestAdmitted, StepDone, TokensEmitted
 from modelcall.plugins.http.settings import ServerSettings
+from modelcall.testing import EventCollector
 
 
 async def stream_chat(session: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int,
@@ -37,54 +38,78 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, prompt: str, max
     return "".join(parts)
 
 
-async def run_clients(url: str, prompts: list[str], max_tokens: int, stop_after: dict[int, int]) -> list[str | None]:
+async def run_clients(url: str, prompts: list[str], max_tokens: int, stop_after: dict[int, int],
+                      leaver_max_tokens: int | None = None) -> list[str | None]:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        return await asyncio.gather(*(stream_chat(session, url, p, max_tokens, stop_after.get(i))
+        return await asyncio.gather(*(stream_chat(session, url, p, leaver_max_tokens if i in stop_after and
+                                                  leaver_max_tokens else max_tokens, stop_after.get(i))
                                       for i, p in enumerate(prompts)))
 
 
-async def cancel_whole_requests(url: str, n: int, after_s: float) -> None:
-    """Non-streaming clients that give up while their answer is being generated."""
+async def cancel_whole_requests(url: str, n: int, max_tokens: int, generating) -> None:
+    """Non-streaming clients that give up while their answer is being generated: once `generating()`
+    (the server's own count of these requests that have emitted tokens) reaches n."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         async def one(i: int) -> None:
-            body = {"messages": [{"role": "user", "content": f"long answer {i}"}], "max_tokens": 200}
+            body = {"messages": [{"role": "user", "content": f"long answer {i}"}], "max_tokens": max_tokens}
             async with session.post(url + "/v1/chat/completions", json=body) as resp:
                 await resp.read()
         tasks = [asyncio.ensure_future(one(i)) for i in range(n)]
-        await asyncio.sleep(after_s)
+        deadline = time.monotonic() + 120
+        while generating() < n and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def wait_idle(server: ServerThread, within_s: float) -> tuple[float, dict]:
+def wait_idle(server: ServerThread, within_s: float = 60.0) -> dict:
+    """The server's stats once it is idle with every block free (or after `within_s`: a deadline for a
+    hung test, not a speed claim; what the tests count is the work done)."""
     t0 = time.monotonic()
     while True:
         s = server.stats()
         idle = s["unfinished"] == 0 and s["running"] == 0 and s["waiting"] == 0 \
             and s["kv"]["num_free_blocks"] == s["kv"]["num_blocks"]
         if idle or time.monotonic() - t0 > within_s:
-            return time.monotonic() - t0, s
+            return {**s, "idle": idle}
         time.sleep(0.01)
+
+
+def finished_with(events: EventCollector, max_tokens: int) -> list[Finished]:
+    """The Finished events of the requests admitted with `max_tokens` (how the tests mark their leavers)."""
+    ids = {e.request_id for e in events.of(RequestAdmitted) if e.max_tokens == max_tokens}
+    return [e for e in events.of(Finished) if e.request_id in ids]
 
 
 def test_disconnecting_clients_free_everything_and_do_not_disturb_the_others():
     prompts = [f"Client {i} asks: tell me about number {i * 7}" for i in range(100)]
     rng = random.Random(7)
     leavers = {i: rng.randint(1, 20) for i in rng.sample(range(100), 30)}
-    with ServerThread(ServerSettings(port=0), num_kv_blocks=2048) as server:
+    events = EventCollector()
+    with ServerThread(ServerSettings(port=0), plugins=(events,), num_kv_blocks=2048) as server:
         calm = asyncio.run(run_clients(server.base_url, prompts, 24, {}))
         assert all(calm) and len(set(calm)) > 50
-        disturbed = asyncio.run(run_clients(server.base_url, prompts, 24, leavers))
-        waited, stats = wait_idle(server, 1.0)
-        assert waited < 1.0, f"not idle 1 s after the clients left: {stats}"
+        # NOTE: the leavers ask for 200 tokens, the others for 24: a request that outlived its client
+        # would run on to 200 and finish "length"; freed at once, it ends "abort" after a few tokens.
+        disturbed = asyncio.run(run_clients(server.base_url, prompts, 24, leavers, leaver_max_tokens=200))
+        stats = wait_idle(server)
+        assert stats["idle"], f"the clients left and work is still held: {stats}"
+        left = finished_with(events, 200)
+        assert len(left) == 30 and {e.reason for e in left} == {"abort"}, [(e.reason, e.usage) for e in left]
+        assert max(e.usage.completion_tokens for e in left) < 100, [e.usage.completion_tokens for e in left]
         assert [d for i, d in enumerate(disturbed) if i not in leavers] == \
                [c for i, c in enumerate(calm) if i not in leavers]
         assert all(disturbed[i] is None for i in leavers)
 
-        asyncio.run(cancel_whole_requests(server.base_url, 10, after_s=0.5))
-        waited, stats = wait_idle(server, 1.0)
-        assert waited < 1.0, f"non-streaming clients that left still hold work: {stats}"
+        def generating() -> int:
+            ids = {e.request_id for e in events.of(RequestAdmitted) if e.max_tokens == 199}
+            return len({e.request_id for e in events.of(TokensEmitted) if e.request_id in ids})
+        asyncio.run(cancel_whole_requests(server.base_url, 10, 199, generating))
+        stats = wait_idle(server)
+        assert stats["idle"], f"non-streaming clients that left still hold work: {stats}"
+        left = finished_with(events, 199)
+        assert len(left) == 10 and {e.reason for e in left} == {"abort"}, [(e.reason, e.usage) for e in left]
 
 
 class RunningMeter:
@@ -123,5 +148,5 @@ def test_a_burst_gets_only_200s_and_429s_with_retry_after_and_never_more_than_ma
         assert all(int(ra) >= 1 for s, ra in results if s == 429)
         assert meter.max_running == 8  # the limit was reached, never passed
         assert meter.max_waiting <= 4 and statuses.count(200) >= 12
-        waited, stats = wait_idle(server, 1.0)
-        assert waited < 1.0, stats
+        stats = wait_idle(server)
+        assert stats["idle"], stats

@@ -53,16 +53,22 @@ def test_metrics_parse_and_count_the_requests_made(server):
     r = httpx.post(base + "/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "x"}],
                                                          "max_tokens": 10**6})
     assert r.status_code == 400
-    time.sleep(0.05)
-    after = scrape(base)
     lab = (("model_name", model),)
+    success = (("finished_reason", "length"), ("model_name", model))
 
     def delta(name: str, labels: tuple = lab) -> float:
-        return after[name].get(labels, 0.0) - before.get(name, {}).get(labels, 0.0)
+        return after.get(name, {}).get(labels, 0.0) - before.get(name, {}).get(labels, 0.0)
+
+    # NOTE: observers run after the step that answered; wait for the counts, not for a fixed time
+    deadline = time.monotonic() + 30
+    after = scrape(base)
+    while delta("modelcall:request_success_total", success) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+        after = scrape(base)
 
     for name in VLLM_NAMES:
         assert any(k == "modelcall:" + name or k.startswith("modelcall:" + name + "_") for k in after), name
-    assert delta("modelcall:request_success_total", (("finished_reason", "length"), ("model_name", model))) == n
+    assert delta("modelcall:request_success_total", success) == n
     assert delta("modelcall:prompt_tokens_total") == prompt
     assert delta("modelcall:generation_tokens_total") == completion
     for h in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
@@ -100,9 +106,18 @@ def test_each_kernel_has_its_own_registry():
 def test_observers_take_microseconds():
     m = KernelMetrics()
     m.bind("m")
-    evs = [TokensEmitted(request_id=f"r{i % 32}", ts=float(i), token_ids=(1,), text="x") for i in range(20000)]
-    t0 = time.perf_counter()
-    for ev in evs:
-        m.on_tokens(ev)
-    per = (time.perf_counter() - t0) / len(evs)
-    assert per < 20e-6, f"{per * 1e6:.1f} µs per token event"
+    evs = [TokensEmitted(request_id=f"r{i % 32}", ts=float(i), token_ids=(1,), text="x") for i in range(500)]
+
+    def per_event(fn) -> float:
+        t0 = time.perf_counter()
+        for ev in evs:
+            fn(ev)
+        return (time.perf_counter() - t0) / len(evs)
+
+    # NOTE: against the least a token observer must do, one histogram observation, timed in turns with it:
+    # the best of 40 turns each is steady on a loaded machine where one long timing is not.
+    least = lambda ev: m.itl.observe(0.01)  # noqa: E731
+    rounds = [(per_event(least), per_event(m.on_tokens)) for _ in range(40)]
+    floor, per = min(r[0] for r in rounds), min(r[1] for r in rounds)
+    print(f"{per * 1e6:.2f} µs per token event, {per / floor:.2f}x one histogram observation")
+    assert per <= 3 * floor, f"{per * 1e6:.2f} µs per token event, {per / floor:.1f}x one histogram observation"

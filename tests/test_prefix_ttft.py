@@ -1,5 +1,5 @@
-"""Prefix caching pays off where users feel it: a request whose 1,024-token prefix is cached reaches its
-first token in at most a fifth of the time the same request takes cold."""
+"""Prefix caching pays off where users feel it: a request whose 1,024-token prefix is cached computes only
+its new tokens, and reaches its first token in at most a fifth of the time the same request takes cold."""
 from __future__ import annotations
 
 import random
@@ -9,6 +9,8 @@ import anyio
 import pytest
 
 from modelcall.core import Kernel
+from modelcall.events import StepDone
+from modelcall.testing import EventCollector
 
 pytestmark = pytest.mark.anyio
 
@@ -36,25 +38,31 @@ def bigger_model(demo_model_dir, tmp_path_factory) -> str:
     return str(out)
 
 
-async def _ttft(kernel: Kernel, ids: list[int]) -> tuple[float, int]:
+async def _first_token(kernel: Kernel, events: EventCollector, ids: list[int]) -> tuple[float, int, int]:
+    """(time to first token, prompt tokens read from the cache, tokens the model computed) of one request."""
+    events.events.clear()
     done = await kernel.complete(prompt_token_ids=ids, max_tokens=1, temperature=0, ignore_eos=True)
-    return done.finished.timings.ttft_s, done.finished.usage.cached_tokens
+    computed = sum(e.num_tokens for e in events.of(StepDone))   # alone in the kernel: every step was its own
+    return done.finished.timings.ttft_s, done.finished.usage.cached_tokens, computed
 
 
-async def test_cached_1024_token_prefix_cuts_time_to_first_token_fivefold(bigger_model):
+async def test_cached_1024_token_prefix_is_not_computed_again_and_cuts_time_to_first_token_fivefold(bigger_model):
     rng = random.Random(7)
-    prompts = [[rng.randrange(10, 2048) for _ in range(PREFIX)] for _ in range(2)]
+    prompts = [[rng.randrange(10, 2048) for _ in range(PREFIX)] for _ in range(3)]
+    events = EventCollector()
     async with Kernel(model=bigger_model, dtype="float32", threads=1, num_kv_blocks=512, block_size=16,
-                      max_num_batched_tokens=2048) as kernel:
+                      max_num_batched_tokens=2048, plugins=[events]) as kernel:
         await anyio.sleep(0)
-        await _ttft(kernel, [rng.randrange(10, 2048) for _ in range(64)])   # warm-up: first-call costs
+        await _first_token(kernel, events, [rng.randrange(10, 2048) for _ in range(64)])   # warm-up: first-call costs
         cold, warm = [], []
-        for prefix in prompts:
-            t, cached = await _ttft(kernel, prefix + [rng.randrange(10, 2048) for _ in range(8)])
-            assert cached == 0
+        for prefix in prompts:   # NOTE: cold and cached alternate, so a busy spell of the machine hits both
+            t, cached, computed = await _first_token(kernel, events, prefix + [rng.randrange(10, 2048) for _ in range(8)])
+            assert (cached, computed) == (0, PREFIX + 8)
             cold.append(t)
-            t, cached = await _ttft(kernel, prefix + [rng.randrange(10, 2048) for _ in range(8)])
-            assert cached == PREFIX
+            t, cached, computed = await _first_token(kernel, events, prefix + [rng.randrange(10, 2048) for _ in range(8)])
+            assert (cached, computed) == (PREFIX, 8)   # the work: 8 tokens instead of 1,032
             warm.append(t)
     print(f"TTFT cold {min(cold) * 1e3:.1f} ms, with the prefix cached {min(warm) * 1e3:.1f} ms")
+    # NOTE: the time, where users feel it, as a ratio of the best of three within this test: the work ratio is
+    # 129x, so a fifth leaves a wide margin for a loaded machine.
     assert min(warm) <= 0.2 * min(cold), f"cold {cold}, cached {warm}"
