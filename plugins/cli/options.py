@@ -64,6 +64,13 @@ def add_kernel_options(parser: argparse.ArgumentParser) -> None:
                    help=f"pick the implementation of a stage ({', '.join(STAGES)}); repeatable")
     g.add_argument("--plugin-config", action="append", default=[], metavar="PLUGIN=JSON",
                    help="a JSON object of settings for one plugin; repeatable")
+    c = parser.add_argument_group("entry caps (over one: 400)")
+    for flag, what in (("messages", "chat messages per request"), ("tools", "tool definitions per request"),
+                       ("stop-strings", "stop strings per request"), ("stop-length", "characters per stop string"),
+                       ("sequences-per-call", "sequences one call may start (prompts x n)")):
+        field = "max_" + flag.replace("-", "_")
+        c.add_argument(f"--max-{flag}", type=_positive_int, metavar="N", dest=field,
+                       help=f"{what} (default: {getattr(d, field)})")
     t = parser.add_argument_group("traces")
     t.add_argument("--otlp-traces-endpoint", metavar="URL",
                    help="export a trace per model request over OTLP/HTTP, e.g. http://127.0.0.1:4318/v1/traces")
@@ -78,7 +85,9 @@ _FIELDS = {"model": "model", "revision": "revision", "download_dir": "download_d
            "max_model_len": "max_model_len", "block_size": "block_size", "num_kv_blocks": "num_kv_blocks",
            "kv_cache_gb": "kv_cache_memory_gb", "max_num_seqs": "max_num_seqs",
            "max_num_batched_tokens": "max_num_batched_tokens", "max_queued": "max_queued",
-           "scheduling_policy": "scheduling_policy"}
+           "scheduling_policy": "scheduling_policy", "max_messages": "max_messages", "max_tools": "max_tools",
+           "max_stop_strings": "max_stop_strings", "max_stop_length": "max_stop_length",
+           "max_sequences_per_call": "max_sequences_per_call"}
 
 
 def config_from_args(args: argparse.Namespace, **overrides: Any) -> KernelConfig:
