@@ -338,3 +338,53 @@ def test_revoked_expired_and_disabled_keys_are_refused_and_sighup_applies_a_revo
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+# ---- small parts -----------------------------------------------------------------------------------
+
+def test_each_cap_is_a_command_line_setting():
+    import argparse
+
+    from modelcall.plugins.cli.options import add_kernel_options, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_kernel_options(parser)
+    args = parser.parse_args(["--max-messages", "3", "--max-tools", "4", "--max-stop-strings", "2",
+                              "--max-stop-length", "9", "--max-sequences-per-call", "5"])
+    cfg = config_from_args(args)
+    assert (cfg.max_messages, cfg.max_tools, cfg.max_stop_strings, cfg.max_stop_length,
+            cfg.max_sequences_per_call) == (3, 4, 2, 9, 5)
+
+
+def test_the_ledger_keeps_one_401_row_per_address_per_minute_and_says_how_many_it_stood_for():
+    from modelcall.events import RequestRejected
+    from modelcall.plugins.ledger.throttle import UnauthenticatedThrottle
+
+    now = [0.0]
+    rows: list = []
+    gate = UnauthenticatedThrottle(rows.append, clock=lambda: now[0])
+
+    def hit(client: str, status: int = 401) -> None:
+        gate(RequestRejected(request_id="r", status=status, error_type="authentication_error", message="no key",
+                             client=client))
+
+    for _ in range(5):
+        hit("10.0.0.1")
+    hit("10.0.0.2")
+    hit("10.0.0.1", status=403)  # other refusals always pass
+    assert [(r.client, r.status) for r in rows] == [("10.0.0.1", 401), ("10.0.0.2", 401), ("10.0.0.1", 403)]
+    now[0] = 61.0
+    hit("10.0.0.1")
+    assert rows[-1].message == "no key (+4 more from this address)" and gate.held_back == 4
+
+
+def test_revoke_edits_only_the_keys_own_block():
+    from modelcall.plugins.auth.keys_cli import revoked_text
+
+    text = ('# our keys\n[[keys]]\nname = "a"  # the CI key\nsha256 = "00"\n\n'
+            '[[keys]]\nname = "b"\nsha256 = "11"\ndisabled = false\n')
+    out = revoked_text(text, "b")
+    assert out == text.replace("disabled = false\n", "").replace('name = "b"\n', 'name = "b"\ndisabled = true\n')
+    assert revoked_text(text, "a").startswith('# our keys\n[[keys]]\nname = "a"  # the CI key\ndisabled = true\n')
+    with pytest.raises(LookupError):
+        revoked_text(text, "c")
