@@ -53,7 +53,7 @@ class Tracing:
         self.url = traces_url(str(cfg["endpoint"]))
         resource = Resource.create({"service.name": cfg.get("service_name", "modelcall")})
         self.provider = TracerProvider(resource=resource)
-        exporter = OTLPSpanExporter(endpoint=self.url, headers=cfg.get("headers") or None,
+        self.exporter = exporter = OTLPSpanExporter(endpoint=self.url, headers=cfg.get("headers") or None,
                                     timeout=float(cfg.get("timeout_s", 10)))
         self.provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=int(cfg.get("delay_ms", 1000))))
         self.builder = SpanBuilder(self.provider.get_tracer("modelcall"),
