@@ -7,6 +7,7 @@ import msgspec
 
 from modelcall.plugins.http import schemas_anthropic as A
 from modelcall.plugins.http import schemas_openai as O
+from modelcall.plugins.http import schemas_responses as R
 
 
 class Route(msgspec.Struct, frozen=True):
@@ -27,6 +28,8 @@ ROUTES = (
     Route("POST", "/v1/chat/completions", "OpenAI chat completion", O.ChatCompletionRequest, O.ChatCompletion, True),
     Route("POST", "/v1/completions", "OpenAI text completion", O.CompletionRequest, O.Completion, True),
     Route("GET", "/v1/models", "The served model", None, O.ModelList),
+    Route("POST", "/v1/responses", "OpenAI Responses API: a response, whole, streamed or in the background",
+          R.ResponsesRequest, dict, True),
     Route("POST", "/v1/messages", "Anthropic message", A.MessagesRequest, A.MessageResponse, True, True),
     Route("POST", "/v1/messages/count_tokens", "Anthropic token count", A.CountTokensRequest,
           A.CountTokensResponse, anthropic=True),

@@ -67,7 +67,7 @@ def plan_of(body: ResponsesRequest, response_id: str, history: list[dict[str, An
     return Plan(response_id=response_id, input=items, history=history,
                 messages=to_messages([*history, *items], body.instructions), functions=functions, hosted=hosted,
                 tool_choice=choice, parallel_tool_calls=body.parallel_tool_calls, response_format=response_format,
-                fields=sampling_fields(body, max_tokens=body.max_output_tokens, logprobs=None),
+                fields=sampling_fields(_NoStops(body), max_tokens=body.max_output_tokens, logprobs=None),
                 max_tool_calls=body.max_tool_calls or DEFAULT_MAX_TOOL_CALLS)
 
 
@@ -137,3 +137,13 @@ def _choice(choice: Any, functions: list[dict[str, Any]], hosted: dict[str, Serv
     if type(choice) is AllowedToolsChoice:
         return choice.mode
     return choice
+
+
+class _NoStops:
+    """A Responses body as chat's sampling helper reads it (the Responses API has no stop or logit_bias)."""
+
+    def __init__(self, body: ResponsesRequest) -> None:
+        self._body = body
+
+    def __getattr__(self, name: str) -> Any:
+        return None if name in ("stop", "logit_bias") else getattr(self._body, name)

@@ -114,6 +114,3 @@ class ResponsesRequest(KernelSampling, kw_only=True):
     include: list[str] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     user: Annotated[str, Meta(max_length=256)] | None = None
-    # fields the chat sampling helper reads, always unset here
-    stop: None = None
-    logit_bias: None = None
