@@ -182,3 +182,32 @@ def test_endpoint_forms():
 
     with pytest.raises(ConfigError, match="expected an http"):
         traces_url("c:4318")
+
+
+async def test_a_refused_request_is_an_error_span_under_its_traceparent(receiver):
+    otel = {"endpoint": receiver.url, "delay_ms": 20}
+    async with server_for_test(plugin_config={"otel": otel}) as srv:
+        body = {"model": srv.kernel.model_name, "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 10**6}
+        async with srv.client.post("/v1/chat/completions", json=body,
+                                   headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}) as resp:
+            assert resp.status == 400
+        await flush(srv.kernel)
+    [span] = receiver.named("chat ")
+    assert span.status.code == trace_pb2.Status.STATUS_CODE_ERROR
+    assert span.trace_id.hex() == TRACE_ID and span.parent_span_id.hex() == PARENT_ID
+    a = attrs_of(span.attributes)
+    assert a["http.response.status_code"] == 400 and a["error.type"]
+
+
+def test_cli_option_configures_the_exporter():
+    import argparse
+
+    from modelcall.plugins.cli.options import add_kernel_options, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_kernel_options(parser)
+    cfg = config_from_args(parser.parse_args(["--otlp-traces-endpoint", "http://127.0.0.1:4318/v1/traces",
+                                              "--otlp-capture-content"]))
+    assert cfg.plugin_config["otel"] == {"endpoint": "http://127.0.0.1:4318/v1/traces", "capture_content": True}
+    assert "otel" not in config_from_args(parser.parse_args([])).plugin_config
