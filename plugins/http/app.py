@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -20,6 +21,7 @@ from aiohttp import web
 
 from modelcall.core import Kernel, ModelcallError
 from modelcall.core.metering import EXCHANGE_KEY, Exchange
+from modelcall.events import RequestRejected
 from modelcall.plugins.http import anthropic_messages, openai_chat, openai_completions, openapi
 from modelcall.plugins.http import responses
 from modelcall.plugins.http.schemas_responses import ResponsesRequest
@@ -152,6 +154,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
 
 
 async def _answer(request: web.Request, error: ApiError) -> web.StreamResponse:
+    _record_refusal(request, error)
     stream = request.get(STREAM)
     if stream is None:
         return error_response(error, request.path)
@@ -160,6 +163,21 @@ async def _answer(request: web.Request, error: ApiError) -> web.StreamResponse:
     await stream.send(sse_error_payload(error, anthropic), *(() if anthropic else (DONE,)))
     await stream.close()
     return stream.response
+
+
+def _record_refusal(request: web.Request, error: ApiError) -> None:
+    """A call refused before the kernel's entry saw it (a body that does not decode, a bad sampling
+    field, too large): published like the entry's own refusals, so the ledger and /metrics see it."""
+    ex = request.get(EXCHANGE_KEY)
+    if (ex is None or ex.refused or ex.handles or request.method != "POST" or not 400 <= error.status < 500
+            or error.status in (404, 405)):
+        return
+    ex.refused = True
+    caller = ex.caller
+    request.app[KERNEL].bus.publish((RequestRejected(
+        request_id=f"http-{uuid.uuid4().hex[:16]}", task_id=ex.task_id, status=error.status,
+        error_type=error.error_type, message=error.message, caller=caller.name if caller is not None else None,
+        step="front end", client=ex.client),))
 
 
 def _http_error(request: web.Request, e: web.HTTPException) -> ApiError:
