@@ -96,7 +96,12 @@ class PythonTools:
             """The time in a zone."""
             return f"12:00 {zone}"
 
+        def dump() -> str:
+            """A very long report."""
+            return "word " * 3000
+
         register(tool(clock, timeout_s=5), server_label="py")
+        register(dump, server_label="py")
 
 
 def _free_port() -> int:
@@ -348,3 +353,17 @@ def test_toolbox_validates_authorizes_and_runs_world_changing_tools_once():
     anyio.run(go)
     assert [type(e).__name__ for e in published] == ["ToolFailed", "ToolFailed", "ToolExecuted", "ToolExecuted",
                                                    "ToolExecuted"]
+
+
+def test_a_pass_refused_after_a_tool_ran_fails_the_response_in_its_shape(oai):
+    """The tool's output overflows the window: the next pass is refused by the entry (context budget);
+    the response ends `failed` with the reason, streamed as response.failed, and the tool's item is kept."""
+    kw = dict(model=MODEL, input="Dump it.", max_output_tokens=32, parallel_tool_calls=False, max_tool_calls=1,
+              tools=[{"type": "server_tool", "name": "py__dump"}], tool_choice={"type": "function", "name": "py__dump"})
+    whole = oai.responses.create(**kw)
+    assert whole.status == "failed" and whole.error.code == "context_length_exceeded"
+    assert _calls(whole)[0].status == "completed"
+    assert oai.responses.retrieve(whole.id).status == "failed"
+    events = list(oai.responses.create(**kw, stream=True))
+    assert events[-1].type == "response.failed" and events[-1].response.error.code == "context_length_exceeded"
+    assert "response.mcp_call.completed" in [e.type for e in events]

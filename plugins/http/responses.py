@@ -145,8 +145,13 @@ class _Runner:
         async def flush() -> None:
             self.builder.take_events()
 
-        result = await self.loop(flush)
-        response = self.final(result)
+        try:
+            response = self.final(await self.loop(flush))
+        except ApiError as e:
+            if not self.builder.items:
+                raise  # refused before anything ran: an HTTP error
+            # NOTE: hosted tools already ran: the client gets what happened, as a failed response
+            response = self.final(None, "failed", {"code": e.code or e.error_type, "message": e.message})
         self.save(response)
         return web.Response(body=encoder.encode(response), content_type="application/json")
 
