@@ -70,3 +70,39 @@ class ModelSpec:
     eos_token_ids: frozenset[int] = frozenset()
     identity: str = ""  # goes into prefix-cache keys: two models never share cached blocks
     layer_windows: tuple[int, ...] = ()  # per layer: sliding window in tokens, 0 = full attention; () unknown
+
+
+# NOTE: the KV policy keeps the block tables of KV groups 1.. (group 0's is request.block_table) in
+# request.extra[GROUP_TABLES] as a list of lists; the runner reads them to place each group's K/V.
+GROUP_TABLES = "kv_group_tables"
+
+
+@dataclass(frozen=True, slots=True)
+class KVGroup:
+    """Layers whose K/V share one block table: all full attention (`window` 0) or all one sliding window."""
+
+    window: int
+    layers: tuple[int, ...]
+
+
+def kv_groups(layer_windows: tuple[int, ...], num_layers: int) -> tuple[KVGroup, ...]:
+    """How the KV pool is shared between a model's layers (vLLM's hybrid allocator, simplified).
+
+    One kind of layer: one group of every layer (a block holds all of them). Mixed full and sliding
+    layers: groups of equal size G (the count of the scarcest kind), each with its own block table
+    over the one pool, so a sliding group gives back blocks that left its window while the full groups
+    keep theirs. Group 0 is a full one when there is one (its table is `request.block_table`).
+
+        Gemma 3 (5 sliding : 1 full), 12 layers, G = 2:
+          group 0  full    layers 5, 11        table: every block of the context
+          group 1  window  layers 0, 1         table: the last window / block_size blocks
+          ...      window  layers 2, 3 | 4, 6 | 7, 8 | 9, 10
+    """
+    windows = tuple(layer_windows) or (0,) * num_layers
+    kinds = sorted(set(windows))                      # 0 (full) first
+    if len(kinds) == 1:
+        return (KVGroup(kinds[0], tuple(range(num_layers))),)
+    by_kind = {k: [i for i, w in enumerate(windows) if w == k] for k in kinds}
+    size = min(len(v) for v in by_kind.values())
+    return tuple(KVGroup(k, tuple(layers[i:i + size])) for k, layers in by_kind.items()
+                 for i in range(0, len(layers), size))

@@ -60,9 +60,17 @@ async def _run_all(kernel, order: list[int]) -> dict[int, object]:
 
 
 async def test_family_greedy_equals_generate_with_chunks_prefix_hits_and_preemption(family, make_kernel, events):
+    from transformers import AutoConfig
+
+    from modelcall.core.plan import kv_groups
+    from modelcall.plugins.runner.loader import layer_windows
+
     name, model_dir, refs = family
-    # 7 blocks of 16 hold about two requests (the longest is 55 + 12 tokens): the rest wait or are preempted.
-    async with make_kernel(model=model_dir, dtype="float32", block_size=16, num_kv_blocks=7,
+    cfg = AutoConfig.from_pretrained(model_dir)
+    groups = len(kv_groups(layer_windows(cfg), cfg.num_hidden_layers))
+    # 7 blocks of 16 (of every KV group) hold about two requests (the longest is 55 + 12 tokens): the rest
+    # wait or are preempted. Mixed full/sliding models have a table per group over one pool of smaller blocks.
+    async with make_kernel(model=model_dir, dtype="float32", block_size=16, num_kv_blocks=7 * groups,
                            max_num_batched_tokens=16) as kernel:
         first = await kernel.complete(prompt_token_ids=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0,
                                       ignore_eos=True)       # the shared prefix goes into the cache
@@ -80,6 +88,7 @@ def test_family_logits_match_transformers_on_ragged_batches(family, portable, mo
     """Logits, not only argmax: every sampled row of random mixed steps (prefill chunks, whole prompts,
     decodes) within 1e-4 of transformers' forward, through the C kernel and the portable torch path."""
     import torch
+    import test_runner
     from test_runner import drive_ragged_steps, make_runner
     from transformers import AutoModelForCausalLM
 
@@ -91,16 +100,37 @@ def test_family_logits_match_transformers_on_ragged_batches(family, portable, mo
     elif cpu_kernel.load() is None:
         pytest.skip("no C compiler here")
     hf = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval()
-    assert drive_ragged_steps(make_runner(model_dir), hf, seed=3) < 1e-4, name
+    runner = make_runner(model_dir)
+    monkeypatch.setattr(test_runner, "Blocks", _group_blocks(len(runner.groups)))
+    assert drive_ragged_steps(runner, hf, seed=3) < 1e-4, name
 
 
-async def test_window_blocks_go_back_to_the_pool_and_change_no_output(tmp_path, demo_model_dir, make_kernel):
-    """Mistral with an 8-token window: a request of 100 tokens (25 blocks of 4) runs in a pool of 6 blocks,
-    alone and beside others, because blocks out of the window are released as it goes; output unchanged."""
+def _group_blocks(num_groups: int) -> type:
+    """test_runner's allocator, growing the tables of every KV group (mixed full/sliding models)."""
+    import test_runner
+
+    from modelcall.core.plan import GROUP_TABLES
+
+    class GroupBlocks(test_runner.Blocks):
+        def grow(self, req, n: int) -> None:
+            super().grow(req, n)
+            for table in req.extra.setdefault(GROUP_TABLES, [[] for _ in range(num_groups - 1)]):
+                while len(table) < len(req.block_table):
+                    table.append(self.free.pop())
+
+    return GroupBlocks
+
+
+@pytest.mark.parametrize("name", ["mistral_window", "gemma3", "gpt_oss"])
+async def test_window_blocks_go_back_to_the_pool_and_change_no_output(name, tmp_path, demo_model_dir, make_kernel):
+    """An 8-token window, requests of up to 100 tokens (25 blocks of 4 per KV group): sliding groups give
+    back what left their window as a request runs, so a pool about one request's full groups plus 7 blocks
+    per sliding group serves them, alone and side by side; output unchanged. Without the release the
+    admission check refuses (the pool is under what one request would hold)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model_dir = build_family("mistral_window", str(tmp_path / "m"), demo_model_dir)
+    model_dir = build_family(name, str(tmp_path / "m"), demo_model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval()
     prompts = [PROMPTS[0][:40], PROMPTS[3][:30], PROMPTS[1][:20]]
     refs = []
@@ -109,9 +139,15 @@ async def test_window_blocks_go_back_to_the_pool_and_change_no_output(tmp_path, 
         gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=60, do_sample=False,
                              eos_token_id=None, pad_token_id=0)
         refs.append(gen[0, len(p):].tolist())
-    async with make_kernel(model=model_dir, dtype="float32", block_size=4, num_kv_blocks=12,
+    async with make_kernel(model=model_dir, dtype="float32", block_size=4, num_kv_blocks=1,
+                           max_num_batched_tokens=8) as probe:
+        windows = probe.kv.group_windows
+    n_full, n_window = windows.count(0), len(windows) - windows.count(0)
+    assert n_window and (name != "mistral_window" or windows == (8,))
+    num_blocks = 26 * n_full + 7 * n_window
+    assert num_blocks < 25 * len(windows)   # under what one request holds without the release
+    async with make_kernel(model=model_dir, dtype="float32", block_size=4, num_kv_blocks=num_blocks,
                            max_num_batched_tokens=8) as kernel:
-        assert kernel.kv.window == 8
         done = [await kernel.complete(prompt_token_ids=prompts[0], max_tokens=60, temperature=0, ignore_eos=True)]
         with anyio.fail_after(120):
             async with anyio.create_task_group() as tg:
@@ -126,15 +162,18 @@ async def test_window_blocks_go_back_to_the_pool_and_change_no_output(tmp_path, 
         assert c.token_ids == refs[i], i
 
 
-def test_mixed_window_layers_keep_every_block(tmp_path, demo_model_dir):
-    """Gemma 3 (sliding and full layers): a full layer reads every block, so none is released."""
-    from modelcall.core import KernelConfig
-    from modelcall.plugins.kv_cache import plugin as kv_plugin
+def test_mixed_models_get_one_table_per_kv_group(tmp_path, demo_model_dir):
+    """Gemma 3 (3 sliding, 1 full layer): four groups of one layer, the full one first; a block is one layer's."""
     from test_runner import make_runner
 
-    spec = make_runner(build_family("gemma3", str(tmp_path / "g"), demo_model_dir)).spec
-    assert spec.layer_windows == (8, 8, 0, 8)
-    assert kv_plugin.provide_kv_cache(KernelConfig(), spec, 16).window == 0
+    from modelcall.core import KernelConfig
+    from modelcall.plugins.kv_cache import plugin as kv_plugin
+
+    runner = make_runner(build_family("gemma3", str(tmp_path / "g"), demo_model_dir))
+    assert runner.spec.layer_windows == (8, 8, 0, 8)
+    assert [g.layers for g in runner.groups] == [(2,), (0,), (1,), (3,)]
+    assert runner.kv_block_bytes(16) == 2 * 1 * 16 * 2 * 16 * 4
+    assert kv_plugin.provide_kv_cache(KernelConfig(), runner.spec, 16).group_windows == (0, 8, 8, 8)
 
 
 def test_window_policy_holds_at_most_blocks_needed_and_keeps_released_prefixes_findable():
@@ -142,7 +181,7 @@ def test_window_policy_holds_at_most_blocks_needed_and_keeps_released_prefixes_f
     from modelcall.plugins.kv_cache import PagedKVCache
     from modelcall.plugins.kv_cache.policy import RELEASED
 
-    kv = PagedKVCache(64, 4, window=8, max_chunk=8)
+    kv = PagedKVCache(64, 4, group_windows=(8,), max_chunk=8)
     req = Request("a", list(range(10, 50)), SamplingParams(), max_tokens=40)
     peak = 0
     while req.num_computed_tokens < 80:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from modelcall.core import EvictionPolicy, hookimpl
+from modelcall.core.plan import kv_groups
 from modelcall.plugins.kv_cache.free_queue import LRUFreeQueue
 from modelcall.plugins.kv_cache.policy import PagedKVCache
 
@@ -22,14 +23,12 @@ def provide_kv_cache(config: Any, spec: Any, num_blocks: int,
         return None
     return PagedKVCache(num_blocks, config.block_size, identity=spec.identity or spec.name,
                         enable_prefix_caching=config.enable_prefix_caching, free_queue=eviction_policy,
-                        window=release_window(spec), max_chunk=config.max_num_batched_tokens)
+                        group_windows=group_windows(spec), max_chunk=config.max_num_batched_tokens)
 
 
-def release_window(spec: Any) -> int:
-    """The window after which blocks are released: only when every layer slides (a full-attention layer
-    reads every block); the widest window when they differ."""
-    windows = tuple(getattr(spec, "layer_windows", ()) or ())
-    return max(windows) if windows and min(windows) > 0 else 0
+def group_windows(spec: Any) -> tuple[int, ...]:
+    """The window of each KV group of the model (0: full attention), as the runner lays its cache out."""
+    return tuple(g.window for g in kv_groups(tuple(getattr(spec, "layer_windows", ()) or ()), spec.num_layers))
 
 
 # NOTE: pluggy never passes an argument that has a default, so the hook implementation names

@@ -1,12 +1,13 @@
 """`PagedKVCache`: the built-in `KVCachePolicy` — block tables, prefix matching and committing full blocks."""
 from __future__ import annotations
 
+from modelcall.core.plan import GROUP_TABLES
 from modelcall.core.request import Request
 from modelcall.plugins.kv_cache.block_pool import BlockPool
 from modelcall.plugins.kv_cache.free_queue import FreeQueue
 from modelcall.plugins.kv_cache.hashing import extend_block_hashes
 
-RELEASED = -1  # a block-table entry whose block went back to the pool (out of every layer's window)
+RELEASED = -1  # a block-table entry whose block went back to the pool (out of its layers' window)
 
 
 class PagedKVCache:
@@ -18,30 +19,50 @@ class PagedKVCache:
 
     `free_queue` decides which free block is reused next (the eviction order): LRU by default.
 
-    With `window` (every layer attends to its last `window` tokens only, Mistral-style), blocks that
-    fell out of the window go back to the pool (still findable by their prefix key) and their table
-    entries become RELEASED: a request holds about window / block_size blocks however long it runs.
+    `group_windows` has one entry per KV group of the model (`modelcall.core.kv_groups`): 0 for full
+    attention, else the group's sliding window. Every group has its own table over the one pool (group 0's
+    is `request.block_table`, the others `request.extra[GROUP_TABLES]`); a sliding group gives blocks that
+    left its window back to the pool (still findable by their prefix key) and their entries become
+    RELEASED, so it holds about window / block_size blocks however long the request runs.
 
         window = 8, block_size = 4, 14 computed:  [ -1 b2 b9 b4 ]   the next query (position 14)
                                                                   sees keys 7..14: block 0 is out
     """
 
     def __init__(self, num_blocks: int, block_size: int, *, identity: str = "", enable_prefix_caching: bool = True,
-                 free_queue: FreeQueue | None = None, window: int = 0, max_chunk: int = 2048) -> None:
+                 free_queue: FreeQueue | None = None, group_windows: tuple[int, ...] = (0,),
+                 max_chunk: int = 2048) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.window = window
-        self.max_chunk = max_chunk   # the most tokens one step computes for a request (the token budget)
         self.identity = identity
         self.enable_prefix_caching = enable_prefix_caching
+        self.group_windows = tuple(group_windows) or (0,)
+        self.max_chunk = max_chunk   # the most tokens one step computes for a request (the token budget)
         self.pool = BlockPool(num_blocks, free_queue)
         self.num_queries = 0  # tokens looked up by match_prefix
         self.num_hits = 0     # tokens found
 
+    @property
+    def window(self) -> int:
+        """The window of a model whose every layer slides alike (0: some layer reads every block)."""
+        return self.group_windows[0] if len(self.group_windows) == 1 else 0
+
+    def tables(self, request: Request) -> list[list[int]]:
+        """`request`'s block table of each KV group (the lists themselves: extend them in place)."""
+        if len(self.group_windows) == 1:
+            return [request.block_table]
+        extra = request.extra.get(GROUP_TABLES)
+        if extra is None:
+            extra = request.extra[GROUP_TABLES] = [[] for _ in self.group_windows[1:]]
+        return [request.block_table, *extra]
+
+    def _key(self, group: int, key: bytes) -> bytes:
+        return key if group == 0 else key + b"#%d" % group   # a group's blocks hold other layers' K/V
+
     # ---- the KVCachePolicy protocol ---------------------------------------------------------
 
     def match_prefix(self, request: Request) -> int:
-        if request.block_table:
+        if request.block_table or any(self.tables(request)[1:]):
             raise ValueError(f"match_prefix needs a request holding no blocks; {request.request_id} holds "
                              f"{len(request.block_table)}")
         if not self.enable_prefix_caching:
@@ -50,84 +71,101 @@ class PagedKVCache:
         # new request that is the last prompt token; after preemption, the last output token.
         max_blocks = (request.num_tokens - 1) // self.block_size
         hashes = extend_block_hashes(request, max_blocks, self.block_size, self.identity)
-        hits: list[int] = []
-        for i in range(max_blocks):
-            block = self.pool.lookup(hashes[i])
-            if block is None:
-                break
-            hits.append(block)
-        self.pool.touch(hits)
-        request.block_table = hits
-        num_hit_tokens = len(hits) * self.block_size
+        found: list[list[int]] = []
+        for g in range(len(self.group_windows)):   # a hit needs every group's block (each holds other layers)
+            hits: list[int] = []
+            for i in range(max_blocks):
+                block = self.pool.lookup(self._key(g, hashes[i]))
+                if block is None:
+                    break
+                hits.append(block)
+            max_blocks = len(hits)
+            found.append(hits)
+        for table, hits in zip(self.tables(request), found):
+            table[:] = hits[:max_blocks]
+            self.pool.touch(table)
+        num_hit_tokens = max_blocks * self.block_size
         self.num_queries += request.num_tokens
         self.num_hits += num_hit_tokens
         return num_hit_tokens
 
     def allocate(self, request: Request, num_new_tokens: int) -> bool:
-        if self.window:
-            self._release_out_of_window(request)
-        needed = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - len(request.block_table)
+        tables = self.tables(request)
+        for window, table in zip(self.group_windows, tables):
+            if window:
+                self._release_out_of_window(request, table, window)
+        want = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size)
+        needed = sum(max(0, want - len(t)) for t in tables)
         if needed <= 0:
             return True
         if needed > self.pool.num_free():
             return False
-        request.block_table.extend(self.pool.take(needed))
+        for table in tables:
+            if want > len(table):
+                table.extend(self.pool.take(want - len(table)))
         return True
 
     def commit(self, request: Request) -> None:
         if not self.enable_prefix_caching:
             return
         num_full = request.num_computed_tokens // self.block_size
-        table, recorded = request.block_table, self.pool.block_hash
-        first_new = num_full
-        while first_new > 0 and table[first_new - 1] != RELEASED and recorded[table[first_new - 1]] is None:
-            first_new -= 1  # keys are set in order: walk back to the last committed block
-        if first_new == num_full:
-            return
-        hashes = extend_block_hashes(request, num_full, self.block_size, self.identity)
-        for i in range(first_new, num_full):
-            self.pool.cache(table[i], hashes[i])
+        recorded = self.pool.block_hash
+        hashes: list[bytes] | None = None
+        for g, table in enumerate(self.tables(request)):
+            first_new = num_full
+            while first_new > 0 and table[first_new - 1] != RELEASED and recorded[table[first_new - 1]] is None:
+                first_new -= 1  # keys are set in order: walk back to the last committed block
+            if first_new == num_full:
+                continue
+            if hashes is None:
+                hashes = extend_block_hashes(request, num_full, self.block_size, self.identity)
+            for i in range(first_new, num_full):
+                self.pool.cache(table[i], self._key(g, hashes[i]))
 
     def fork(self, parent: Request, child: Request, num_tokens: int) -> list[tuple[int, int]] | None:
         """Give `child` (holding no blocks) the K/V of `parent`'s first `num_tokens` tokens: the full
         blocks shared, the last partial one copied on write (into a new block of the child's, since
         both will write their next tokens there). Returns the (source, destination) block copies the
         runner must make after the parent's K/V are written, or None (nothing changed) without a free
-        block for the copy.
+        block for the copy. Every KV group alike.
 
             parent  [ b7 b2 | b9 ]     num_tokens = 10, block_size = 4
             child   [ b7 b2 | b4 ]     b7, b2 shared (ref counts 2); b9 -> b4 copied
         """
-        if child.block_table:
+        if child.block_table or any(self.tables(child)[1:]):
             raise ValueError(f"fork needs a child holding no blocks; {child.request_id} holds {len(child.block_table)}")
         full, partial = divmod(num_tokens, self.block_size)
+        parents = self.tables(parent)
         if len(parent.block_table) < full + (1 if partial else 0):
             raise ValueError(f"{parent.request_id} holds {len(parent.block_table)} blocks, fewer than {num_tokens} tokens need")
-        if partial and self.pool.num_free() < 1:
+        if partial and self.pool.num_free() < len(parents):
             return None
-        shared = parent.block_table[:full]
-        self.pool.share(b for b in shared if b != RELEASED)
-        child.block_table = list(shared)
-        if not partial:
-            return []
-        (block,) = self.pool.take(1)
-        child.block_table.append(block)
-        return [(parent.block_table[full], block)]
+        copies: list[tuple[int, int]] = []
+        for src, dst in zip(parents, self.tables(child)):
+            shared = src[:full]
+            self.pool.share(b for b in shared if b != RELEASED)
+            dst[:] = shared
+            if partial:
+                (block,) = self.pool.take(1)
+                dst.append(block)
+                copies.append((src[full], block))
+        return copies
 
     def free(self, request: Request) -> None:
         # NOTE: the tail first, so under LRU a request's last blocks (the least shared) are evicted first.
-        self.pool.release(b for b in reversed(request.block_table) if b != RELEASED)
+        for table in self.tables(request):
+            self.pool.release(b for b in reversed(table) if b != RELEASED)
+            table.clear()
         request.block_table = []
 
-    def _release_out_of_window(self, request: Request) -> None:
-        """Give back the blocks no later query of `request` reads.
+    def _release_out_of_window(self, request: Request, table: list[int], window: int) -> None:
+        """Give back the blocks of `table` no later query of `request` reads.
 
         NOTE: the next query sits at position num_computed_tokens and sees keys from there - window + 1
-        on, so blocks ending at or before that key are out of every layer's window for good. They were
-        committed by the step that filled them (commit runs after every step), so they stay findable.
+        on, so blocks ending at or before that key are out of the window for good. They were committed
+        by the step that filled them (commit runs after every step), so they stay findable.
         """
-        table = request.block_table
-        end = min((request.num_computed_tokens - self.window + 1) // self.block_size, len(table))
+        end = min((request.num_computed_tokens - window + 1) // self.block_size, len(table))
         i = end - 1
         out: list[int] = []
         while i >= 0 and table[i] != RELEASED:   # walks only the newly released ones (older are -1)
@@ -140,14 +178,16 @@ class PagedKVCache:
     def blocks_needed(self, num_tokens: int) -> int:
         """The most blocks a request of `num_tokens` tokens holds at once (the admission check's figure).
 
-        NOTE: with a window, a chunk of n tokens from position c holds blocks floor((c-W+1)/bs) ..
-        ceil((c+n)/bs) - 1, at most ceil((n + W - 1) / bs) + 1 of them, and n <= the token budget.
+        NOTE: with a window W, a chunk of n tokens from position c holds blocks floor((c-W+1)/bs) ..
+        ceil((c+n)/bs) - 1 of its group, at most ceil((n + W - 1) / bs) + 1, and n <= the token budget.
         """
         whole = -(-num_tokens // self.block_size)
-        if not self.window:
-            return whole
         n = min(num_tokens, self.max_chunk)
-        return min(whole, -(-(n + self.window - 1) // self.block_size) + 1)
+        return sum(min(whole, -(-(n + w - 1) // self.block_size) + 1) if w else whole for w in self.group_windows)
+
+    def blocks_held(self, request: Request) -> int:
+        """Blocks `request` holds now, over every group (tables less their released entries)."""
+        return sum(b != RELEASED for t in self.tables(request) for b in t)
 
     def num_free_blocks(self) -> int:
         return self.pool.num_free()

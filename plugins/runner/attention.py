@@ -49,7 +49,8 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     step = modelcall_step
     if step is None:
         raise RuntimeError("modelcall_paged attention runs only inside the modelcall runner (no step given)")
-    kc, vc = step.kv[module.layer_idx]
+    layer = module.layer_idx
+    kc, vc = step.kv[layer]
     _, n_q_heads, num_tokens, head_dim = query.shape
     var = Variant(scaling if scaling is not None else head_dim ** -0.5,
                   int(sliding_window) if sliding_window else None, float(softcap) if softcap else None, s_aux)
@@ -60,18 +61,21 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
         raise RuntimeError(f"layer {module.layer_idx} attends with sliding window {var.window}, but the model "
                            f"spec declares {declared[module.layer_idx] or None} (loader.layer_windows misreads "
                            f"{type(module).__name__}'s config)")
+    groups = step.scratch.get("layer_group")
+    group = groups[layer] if groups else 0      # KV group: whose block tables place this layer's K/V
+    slot_mapping = step.slot_mapping if group == 0 else step.group_slot_mapping[group - 1]
     k_new, v_new = key[0].transpose(0, 1), value[0].transpose(0, 1)   # [T, Hkv, D]
-    kc.index_copy_(0, step.slot_mapping, k_new.to(kc.dtype))
-    vc.index_copy_(0, step.slot_mapping, v_new.to(vc.dtype))
+    kc.index_copy_(0, slot_mapping, k_new.to(kc.dtype))
+    vc.index_copy_(0, slot_mapping, v_new.to(vc.dtype))
 
     q_rows = query[0].transpose(0, 1)                                  # [T, Hq, D]
     gqa = n_q_heads != key.shape[1]
     if not step.fresh:
-        out = _paged(q_rows, kc, vc, step, var, gqa)
+        out = _paged(q_rows, kc, vc, step, var, gqa, group)
         return out.unsqueeze(0), None
     out = query.new_empty(num_tokens, n_q_heads, head_dim)
     if step.num_paged:
-        out[:step.num_paged] = _paged(q_rows[:step.num_paged], kc, vc, step, var, gqa)
+        out[:step.num_paged] = _paged(q_rows[:step.num_paged], kc, vc, step, var, gqa, group)
     for g in step.fresh:
         end = g.start + g.num_seqs * g.q_len
         q = query[0, :, g.start:end].unflatten(1, (g.num_seqs, g.q_len)).transpose(0, 1)   # [B, Hq, q, D]
@@ -90,12 +94,13 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
 
 
 def _paged(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, step: StepBatch, var: Variant,
-           gqa: bool) -> torch.Tensor:
+           gqa: bool, group: int = 0) -> torch.Tensor:
     """Attention of the paged group's tokens over their requests' cached context: [n, Hq, D]."""
+    slots = step.paged_slots if group == 0 else step.group_paged_slots[group - 1]
     if cpu_kernel.usable(q_rows, kc):
         return cpu_kernel.paged_attention(q_rows, kc, vc, step, var.scale, var.window or 0, var.softcap or 0.0,
-                                          var.sinks)
-    return _paged_torch(q_rows, kc, vc, step, var, gqa)
+                                          var.sinks, slots)
+    return _paged_torch(q_rows, kc, vc, step, var, gqa, group, slots)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, var: Variant,
@@ -121,13 +126,14 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
 
 
 def _paged_torch(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, step: StepBatch, var: Variant,
-                 gqa: bool) -> torch.Tensor:
+                 gqa: bool, group: int = 0, slots: torch.Tensor | None = None) -> torch.Tensor:
     """Portable path (any device, the CUDA path too): gather each request's context, padded attention with
     a bottom-right causal mask (and the layer's window)."""
-    key = ("torch_paged", var.window)
+    key = ("torch_paged", var.window, group)
     meta = step.scratch.get(key)
     if meta is None:
-        meta = step.scratch[key] = _torch_meta(step, q_rows.device, var.window)
+        meta = step.scratch[key] = _torch_meta(step, q_rows.device, var.window,
+                                               step.paged_slots if slots is None else slots)
     slots, mask, q_index, valid = meta
     n_seq, max_ctx = slots.shape
     k = kc.index_select(0, slots.view(-1)).view(n_seq, max_ctx, *kc.shape[1:]).transpose(1, 2).to(q_rows.dtype)
@@ -139,8 +145,7 @@ def _paged_torch(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, step:
     return o.transpose(1, 2).flatten(0, 1)[valid]
 
 
-def _torch_meta(step: StepBatch, device: torch.device, window: int | None) -> tuple:
-    slots = step.paged_slots
+def _torch_meta(step: StepBatch, device: torch.device, window: int | None, slots: torch.Tensor | None) -> tuple:
     assert slots is not None
     ctx = torch.tensor(step.paged_ctx_lens, device=device)
     q_lens = step.paged_q_lens

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from modelcall.core import SchedulePlan
+from modelcall.core.plan import GROUP_TABLES
 
 
 @dataclass(slots=True)
@@ -51,11 +52,16 @@ class StepBatch:
     prompt_targets: list[int] = field(default_factory=list)
     prompt_spans: list[tuple[int, int, int]] = field(default_factory=list)
     kv: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # per layer [slots, Hkv, D]
+    # KV groups 1.. (models mixing full and sliding layers, core.kv_groups): each group's own slot_mapping
+    # and paged_slots, from its own block tables; group 0 uses the two fields above.
+    group_slot_mapping: list[torch.Tensor] = field(default_factory=list)
+    group_paged_slots: list[torch.Tensor | None] = field(default_factory=list)
     scratch: dict = field(default_factory=dict)  # per-step tensors shared by every layer, built lazily
 
 
-def build_step(plan: SchedulePlan, block_size: int, device: torch.device) -> StepBatch:
-    """Flatten `plan` into one batch (pure bookkeeping: no model work)."""
+def build_step(plan: SchedulePlan, block_size: int, device: torch.device, num_groups: int = 1) -> StepBatch:
+    """Flatten `plan` into one batch (pure bookkeeping: no model work). With `num_groups` > 1 each request's
+    tables of groups 1.. are read from `request.extra[GROUP_TABLES]`."""
     chunks = plan.chunks
     paged: list[int] = []
     fresh_by_len: dict[int, list[int]] = {}
@@ -126,9 +132,7 @@ def build_step(plan: SchedulePlan, block_size: int, device: torch.device) -> Ste
         max_ctx = max(ctx)
         ar = torch.arange(max_ctx)
         nb = (max_ctx + block_size - 1) // block_size
-        # NOTE: clamped: a block out of every layer's window is RELEASED (-1) in the table; its positions are
-        # masked out (torch path) or never read (C kernel), but the gather needs a valid slot.
-        slots = (table[:n_seq, :nb][:, ar // block_size] * block_size + ar % block_size).clamp_(min=0)
+        slots = _context_slots(table[:n_seq, :nb], ar, block_size)
         n_tok = sum(q_lens)
         batch.num_paged = n_tok
         batch.paged_token_seq = seq_t[:n_tok].to(device)
@@ -136,9 +140,26 @@ def build_step(plan: SchedulePlan, block_size: int, device: torch.device) -> Ste
         batch.paged_slots = slots.to(device)
         batch.paged_ctx_lens = ctx
         batch.paged_q_lens = q_lens
+    for g in range(1, num_groups):
+        gt = [chunks[i].request.extra[GROUP_TABLES][g - 1] for i in order]
+        gw = max(len(t) for t in gt)
+        gtable = torch.tensor([t + [0] * (gw - len(t)) for t in gt], dtype=torch.long)
+        batch.group_slot_mapping.append(
+            (gtable[seq_t, pos_t // block_size] * block_size + pos_t % block_size).to(device))
+        batch.group_paged_slots.append(
+            _context_slots(gtable[:len(paged), :nb], ar, block_size).to(device) if paged else None)
     row = batch.num_paged
     for q in sorted(fresh_by_len):
         n = len(fresh_by_len[q])
         batch.fresh.append(FreshGroup(row, n, q))
         row += n * q
     return batch
+
+
+def _context_slots(table: torch.Tensor, ar: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[S, max_ctx] slot of every context position of each paged request.
+
+    NOTE: clamped: a block out of its layers' window is RELEASED (-1) in the table; its positions are
+    masked out (torch path) or never read (C kernel), but the gather needs a valid slot.
+    """
+    return (table[:, ar // block_size] * block_size + ar % block_size).clamp_(min=0)

@@ -240,7 +240,8 @@ def usable(q_rows: torch.Tensor, kc: torch.Tensor) -> bool:
 
 
 def paged_attention(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, step, scale: float, window: int = 0,
-                    softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                    softcap: float = 0.0, sinks: torch.Tensor | None = None,
+                    slots: torch.Tensor | None = None) -> torch.Tensor:
     """[n, Hq, D] attention of the paged group's tokens (cache [slots, Hkv, D]); math in fp32. `window` 0 and
     `softcap` 0 mean none; `sinks` is one logit per query head or None."""
     lib = load()
@@ -248,7 +249,7 @@ def paged_attention(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, st
     q = q_rows.float().contiguous()
     n, hq, d = q.shape
     out = torch.empty_like(q)
-    slots = step.paged_slots
+    slots = step.paged_slots if slots is None else slots   # [S, max_ctx] of the layer's KV group
     sink = sinks.detach().float().contiguous() if sinks is not None else None
     lib.paged_attention(q.data_ptr(), out.data_ptr(), kc.data_ptr(), vc.data_ptr(), int(kc.dtype == torch.bfloat16),
                         step.paged_token_seq.data_ptr(), step.paged_token_pos.data_ptr(), slots.data_ptr(),

@@ -11,6 +11,7 @@ import msgspec
 import torch
 
 from modelcall.core import ConfigError, KernelConfig, SchedulePlan, StepOutput
+from modelcall.core.plan import kv_groups
 from modelcall.core.stages import Sampler
 from modelcall.plugins.runner import attention, cpu_kernel
 from modelcall.plugins.runner.batch import StepBatch, build_step
@@ -58,6 +59,13 @@ class TorchModelRunner:
         self.logit_mult = _logit_multiplier(model, hf_config)
         self.sampler = sampler
         self.spec = build_spec(model_dir, config, hf_config, hf_json, p)
+        self.groups = kv_groups(self.spec.layer_windows, self.spec.num_layers)
+        self.group_size = max(len(g.layers) for g in self.groups)
+        self.layer_group = [0] * self.spec.num_layers
+        self.layer_member = [0] * self.spec.num_layers
+        for gi, g in enumerate(self.groups):
+            for m, layer in enumerate(g.layers):
+                self.layer_group[layer], self.layer_member[layer] = gi, m
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_size = 0
         self._cpus = cpu_binding(config) if p.device.type == "cpu" else []
@@ -69,15 +77,18 @@ class TorchModelRunner:
 
     def kv_block_bytes(self, block_size: int) -> int:
         s = self.spec
-        return 2 * s.num_layers * block_size * s.num_kv_heads * s.head_dim * self.placement.kv_dtype.itemsize
+        return 2 * self.group_size * block_size * s.num_kv_heads * s.head_dim * self.placement.kv_dtype.itemsize
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> None:
+        """One [group_size, 2, slots, Hkv, D] tensor: a block holds `group_size` layers' K/V. With one KV group
+        (every layer alike) that is every layer; with several, layer l uses row `member[l]`, placed by its
+        group's block table (core.kv_groups)."""
         s = self.spec
-        shape = (s.num_layers, 2, num_blocks * block_size, s.num_kv_heads, s.head_dim)
+        shape = (self.group_size, 2, num_blocks * block_size, s.num_kv_heads, s.head_dim)
         # NOTE: zeros, not empty: padded attention reads unused slots (masked out) and NaN garbage
         # would still poison masked SDPA rows through 0 * NaN.
         cache = torch.zeros(shape, dtype=self.placement.kv_dtype, device=self.placement.device)
-        self.kv = [(cache[i, 0], cache[i, 1]) for i in range(s.num_layers)]
+        self.kv = [(cache[m, 0], cache[m, 1]) for m in self.layer_member]
         self.block_size = block_size
 
     # ---- one step ------------------------------------------------------------------------------
@@ -122,9 +133,11 @@ class TorchModelRunner:
         if not self.kv:
             raise RuntimeError("allocate_kv_cache() must be called before execute()")
         with torch.inference_mode():
-            step = build_step(plan, self.block_size, self.placement.device)
+            step = build_step(plan, self.block_size, self.placement.device, len(self.groups))
             step.kv = self.kv
             step.scratch["layer_windows"] = self.spec.layer_windows   # attention checks each layer's against it
+            if len(self.groups) > 1:
+                step.scratch["layer_group"] = self.layer_group
             hidden = self._forward(step)
             if scored is not None and step.prompt_rows is not None:
                 scored.extend(self._score_prompt(hidden, step))

@@ -1,0 +1,106 @@
+"""W1 through the kernel with the torch runner of an earlier commit and with today's, in one process,
+runs alternating (A B A B ...), so machine noise hits both alike. Prints each median and the ratio.
+
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/runner_before_after.py [--base 77f8ef9] [--runs 3]
+        [--threads 1] [--model DIR --dataset W1.jsonl]   (default: builds ../shared/bench's w1 model)
+
+The earlier runner is `git show BASE:plugins/runner/*.py` copied into a private package (imports and
+the attention name rewritten), served through a plugin that provides it when `runner = "base"`.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from modelcall.core import hookimpl  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASE_PKG = "mc_base_runner"
+
+
+def install_base_runner(commit: str, into: str) -> None:
+    pkg = os.path.join(into, BASE_PKG)
+    os.makedirs(pkg)
+    names = subprocess.run(["git", "ls-tree", "--name-only", f"{commit}:plugins/runner"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split()
+    for name in names:
+        if not name.endswith(".py"):
+            continue
+        src = subprocess.run(["git", "show", f"{commit}:plugins/runner/{name}"], cwd=REPO, capture_output=True,
+                             text=True, check=True).stdout
+        src = src.replace("modelcall.plugins.runner", BASE_PKG).replace('NAME = "modelcall_paged"',
+                                                                          'NAME = "modelcall_paged_base"')
+        with open(os.path.join(pkg, name), "w") as f:
+            f.write(src)
+    sys.path.insert(0, into)
+
+
+class BaseRunnerPlugin:
+    modelcall_plugin_name = "base-runner"
+
+    @hookimpl(tryfirst=True)
+    def provide_model_runner(self, config, model_dir, sampler):
+        if config.runner != "base":
+            return None
+        from mc_base_runner.runner import TorchModelRunner
+        return TorchModelRunner(config, model_dir, sampler)
+
+
+async def w1_once(kernel, rows) -> float:
+    import anyio
+
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for row in rows:
+            tg.start_soon(lambda r=row: kernel.complete(prompt_token_ids=r["prompt_token_ids"],
+                                                        max_tokens=r.get("max_tokens", 128), temperature=0,
+                                                        ignore_eos=True))
+    return sum(r.get("max_tokens", 128) for r in rows) / (time.perf_counter() - t0)
+
+
+async def main() -> None:
+    from modelcall.core import Kernel, KernelConfig
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base", default="77f8ef9")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--model")
+    ap.add_argument("--dataset")
+    args = ap.parse_args()
+    scratch = tempfile.mkdtemp()
+    if not args.model:
+        subprocess.run([sys.executable, os.path.join(REPO, "..", "shared", "bench", "make_reference_model.py"),
+                        scratch, "--size", "w1"], check=True, capture_output=True)
+        args.model, args.dataset = os.path.join(scratch, "model"), os.path.join(scratch, "w1.jsonl")
+    install_base_runner(args.base, scratch)
+    with open(args.dataset) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    figures: dict[str, list[float]] = {"base": [], "torch": []}
+    kernels = {}
+    async with contextlib.AsyncExitStack() as stack:
+        for name in ("base", "torch"):
+            cfg = KernelConfig(model=args.model, runner=name, threads=args.threads,
+                               plugin_config={"runner": {"cpu_bind": "auto"}})
+            kernels[name] = await stack.enter_async_context(Kernel(cfg, plugins=[BaseRunnerPlugin()]))
+            await w1_once(kernels[name], rows)   # warm-up (kernel build, oneDNN packing, caches)
+        for _ in range(args.runs):
+            for name in ("base", "torch"):
+                kernels[name].kv.reset_prefix_cache()
+                figures[name].append(await w1_once(kernels[name], rows))
+                print(f"{name:5s} W1 {figures[name][-1]:.1f} tok/s", flush=True)
+    b, n = statistics.median(figures["base"]), statistics.median(figures["torch"])
+    print(f"runner at {args.base}: {b:.1f} tok/s; today's runner: {n:.1f} tok/s; ratio today/base {n / b:.3f} "
+          f"(medians of {args.runs}, threads {args.threads})")
+
+if __name__ == "__main__":
+    import anyio
+    anyio.run(main)
