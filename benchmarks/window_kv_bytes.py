@@ -5,7 +5,9 @@ runner (its KV block bytes) and the real KV policy (what it keeps and releases).
 
 The models have the families' real KV layout (layers, window pattern, KV heads, head_dim) and a tiny
 hidden size: KV bytes do not depend on it. "before" is a table holding every block of every layer (what
-the runner did before window layers released anything); "now" is what the policy holds.
+the runner did before window layers released anything); "now" is what the policy holds once the request
+has reached `--context` tokens (prompt prefilled in 2048-token chunks, then decodes); the peak is the
+most it held on the way (a chunk's own keys are all held while it is computed).
 """
 from __future__ import annotations
 
@@ -51,11 +53,13 @@ def main() -> None:
             config = KernelConfig(model=d, dtype="bfloat16", kv_cache_dtype="bfloat16", threads=1)
             runner = TorchModelRunner(config, d, TorchSampler())
         block_bytes = runner.kv_block_bytes(bs)
-        kv = kv_plugin.provide_kv_cache(config, runner.spec, 4 * (ctx // bs + 8))
+        kv = kv_plugin.provide_kv_cache(config, runner.spec, 16 * (ctx // bs + 8))
         req = Request("r", [5] * (ctx - 64), SamplingParams(), max_tokens=64)
+        peak = 0
         while req.num_computed_tokens < ctx:   # prefill in 2048-token chunks, then decode to ctx
             n = min(config.max_num_batched_tokens, req.num_tokens - req.num_computed_tokens) or 1
             assert kv.allocate(req, n)
+            peak = max(peak, kv.blocks_held(req) if hasattr(kv, "blocks_held") else len(req.block_table))
             req.num_computed_tokens += n
             kv.commit(req)
             if req.num_computed_tokens == req.num_tokens:
@@ -67,7 +71,8 @@ def main() -> None:
         windows = sorted(set(runner.spec.layer_windows))
         print(f"{name}: layers {runner.spec.num_layers}, windows {windows}, {ctx} tokens, bf16 KV, block {bs}: "
               f"before {before / 2**20:.1f} MiB, now {now / 2**20:.1f} MiB ({now / before:.2f}x; {held} blocks "
-              f"of {block_bytes / 2**10:.0f} KiB)")
+              f"of {block_bytes / 2**10:.0f} KiB; peak during the 2048-token prefill chunks "
+              f"{peak * block_bytes / 2**20:.1f} MiB)")
 
 
 if __name__ == "__main__":
