@@ -132,6 +132,8 @@ class Entry:
 
     def refuse(self, inp: EntryInput, error: ModelcallError, step: str) -> None:
         caller = inp.caller
+        if inp.exchange is not None:
+            inp.exchange.refused = True
         self.kernel.bus.publish((RequestRejected(
             request_id=inp.request_id, task_id=inp.task_id, status=error.status, error_type=error.error_type,
             message=str(error), caller=caller.name if caller is not None else None, step=step,

@@ -62,7 +62,7 @@ class Exchange:
     it to `Kernel.submit(exchange=...)`; the entry stage reads it for anything its own arguments
     leave unset, counts the sequences it admitted (the per-call cap) and appends their handles."""
 
-    __slots__ = ("caller", "task_id", "context_policy", "retries", "client", "handles", "sequences")
+    __slots__ = ("caller", "task_id", "context_policy", "retries", "client", "handles", "sequences", "refused")
 
     def __init__(self, caller: Caller | None = None, task_id: str | None = None, context_policy: str | None = None,
                  retries: int = 0, client: str | None = None) -> None:
@@ -73,6 +73,7 @@ class Exchange:
         self.client = client
         self.handles: list[Any] = []
         self.sequences = 0  # sequences admitted for this exchange (prompts × n of one call)
+        self.refused = False  # a refusal of this exchange was published already (RequestRejected)
 
     def response_headers(self) -> dict[str, str]:
         """Headers a front end adds to its response: what a context policy dropped, if anything."""

@@ -190,6 +190,17 @@ def test_one_call_cannot_exceed_the_entry_caps(server, what, path, body, param):
     assert ledger_rows(server, "key_name = 'alpha' AND status = 400 AND error LIKE ?", (f"%{err['message'][:40]}%",))
 
 
+def test_a_call_refused_before_the_entry_step_is_recorded_once_too(server):
+    before_front, before_validate = refused(server, "front end", 400), refused(server, "validate", 400)
+    r = post(server, "/v1/chat/completions", ALPHA, chat("x", temperature=500))  # SamplingParams refuses it
+    assert r.status_code == 400 and r.json()["error"]["param"] == "temperature"
+    r = httpx.post(server.base_url + "/v1/chat/completions", headers=auth(ALPHA), content=b"{not json")
+    assert r.status_code == 400
+    assert refused(server, "front end", 400) == before_front + 2
+    assert refused(server, "validate", 400) == before_validate  # not counted twice
+    assert len(ledger_rows(server, "key_name = 'alpha' AND status = 400 AND error LIKE '%temperature%'")) == 1
+
+
 def test_every_401_is_counted_but_the_ledger_writes_one_per_address_per_minute(server):
     before = refused(server, "auth", 401)
     for i in range(25):

@@ -46,6 +46,9 @@ def auth_middleware(keys: KeyRing | KeyStore, open_paths: Iterable[str] = OPEN_P
             log.info("refused %s %s: %s API key", request.method, request.path, state if key else "no")
             error = Unauthenticated("a valid API key is required: send `Authorization: Bearer <key>` or "
                                     "`x-api-key: <key>`" if not key else _WHY[state])
+            ex = request.get(EXCHANGE_KEY)
+            if ex is not None:
+                ex.refused = True
             if publish is not None:
                 publish(RequestRejected(request_id=f"http-{uuid.uuid4().hex[:16]}", status=401,
                                         error_type=error.error_type, message=str(error),
