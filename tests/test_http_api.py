@@ -40,7 +40,7 @@ def model(oai):
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_openai_chat_stream_concatenates_to_the_whole_answer(oai, model, prompt):
+def test_openai_chat_stream_concatenates_to_the_whole_answer(server, oai, model, prompt):
     msgs = [{"role": "user", "content": prompt}]
     whole = oai.chat.completions.create(model=model, messages=msgs, max_tokens=40, temperature=0)
     chunks = list(oai.chat.completions.create(model=model, messages=msgs, max_tokens=40, temperature=0, stream=True,
@@ -54,7 +54,9 @@ def test_openai_chat_stream_concatenates_to_the_whole_answer(oai, model, prompt)
     u, w = chunks[-1].usage, whole.usage
     assert (u.prompt_tokens, u.completion_tokens, u.total_tokens) == (w.prompt_tokens, 40, w.prompt_tokens + 40)
     assert u.completion_tokens_details.reasoning_tokens == 0
-    assert u.prompt_tokens_details.cached_tokens >= 0
+    # the streamed request repeats the whole one's prompt: every full block of it but the last token's is cached
+    block = server.kernel.config.block_size
+    assert u.prompt_tokens > block and u.prompt_tokens_details.cached_tokens == (u.prompt_tokens - 1) // block * block
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -137,11 +139,18 @@ def test_repeated_prompt_reports_cached_tokens(oai, claude, model):
     assert m.usage.input_tokens + m.usage.cache_read_input_tokens == again.usage.prompt_tokens
 
 
-def test_count_tokens_matches_the_prompt_of_a_message(claude, model):
+def test_count_tokens_matches_the_prompt_of_a_message(claude, model, demo_model_dir):
+    from transformers import PreTrainedTokenizerFast
+
     kw = dict(model=model, system="Be kind.", messages=[{"role": "user", "content": "你好"}])
     counted = claude.messages.count_tokens(**kw).input_tokens
     m = claude.messages.create(max_tokens=1, **kw)
     assert counted == m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0)
+    # and both equal the model's own chat template rendered by transformers, not by our entry stage
+    hf = PreTrainedTokenizerFast.from_pretrained(demo_model_dir, local_files_only=True)
+    ids = hf.apply_chat_template([{"role": "system", "content": "Be kind."}, {"role": "user", "content": "你好"}],
+                                 add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert counted == len(ids)
 
 
 def test_anthropic_raw_stream_event_order(server, model):
@@ -172,17 +181,35 @@ def test_models_health_ready(server, model):
     assert cards["object"] == "list" and cards["data"][0]["id"] == model
 
 
-def test_kernel_sampling_fields_and_max_completion_tokens(oai, model):
+def test_kernel_sampling_fields_and_max_completion_tokens(server, oai, model):
     msgs = [{"role": "user", "content": "Name three rivers"}]
-    greedy = oai.chat.completions.create(model=model, messages=msgs, max_tokens=16, temperature=0)
-    top1 = oai.chat.completions.create(model=model, messages=msgs, max_completion_tokens=16, max_tokens=3,
-                                       temperature=1.0, user="someone", extra_body={"top_k": 1, "min_p": 0.0,
-                                                                                    "repetition_penalty": 1.0})
-    assert top1.choices[0].message.content == greedy.choices[0].message.content
-    assert top1.usage.completion_tokens == 16  # max_completion_tokens wins over max_tokens
-    floor = oai.chat.completions.create(model=model, messages=msgs, max_tokens=16, temperature=0,
-                                        extra_body={"min_tokens": 16, "ignore_eos": True})
-    assert floor.usage.completion_tokens == 16
+
+    def ask(**kw):
+        return oai.chat.completions.create(model=model, messages=msgs, **kw)
+
+    def text(r) -> str:
+        return r.choices[0].message.content
+
+    greedy = ask(max_tokens=16, temperature=0, logprobs=True)
+    sampled = dict(max_tokens=16, temperature=1.0, seed=11)
+    assert text(ask(**sampled)) != text(greedy)   # the control: at temperature 1 this seed strays from greedy
+    top1 = ask(**{**sampled, "max_tokens": 3}, max_completion_tokens=16, user="someone", extra_body={"top_k": 1})
+    assert text(top1) == text(greedy)             # top_k 1 leaves only the most likely token
+    assert top1.usage.completion_tokens == 16     # max_completion_tokens wins over max_tokens
+    assert text(ask(**sampled, extra_body={"min_p": 1.0})) == text(greedy)   # so does min_p 1
+    # repetition_penalty: greedy repeats a token; a strong penalty on seen tokens (prompt and output) does not
+    tokens = [t.token for t in greedy.choices[0].logprobs.content]
+    assert len(set(tokens)) < len(tokens), tokens
+    penalized = ask(max_tokens=16, temperature=0, logprobs=True, extra_body={"repetition_penalty": 100.0})
+    tokens = [t.token for t in penalized.choices[0].logprobs.content]
+    assert len(set(tokens)) == len(tokens) == 16, tokens
+    # min_tokens: a stop token greedy meets at its third token ends it there, unless min_tokens says go on
+    stop_id = server.call(lambda: server.kernel.tokenizer.encode(greedy.choices[0].logprobs.content[2].token))
+    assert len(stop_id) == 1
+    early = ask(max_tokens=16, temperature=0, extra_body={"stop_token_ids": stop_id})
+    assert (early.choices[0].finish_reason, early.usage.completion_tokens) == ("stop", 3)
+    floor = ask(max_tokens=16, temperature=0, extra_body={"stop_token_ids": stop_id, "min_tokens": 16})
+    assert (floor.choices[0].finish_reason, floor.usage.completion_tokens) == ("length", 16)
 
 
 def test_anthropic_system_blocks_equal_a_system_string(claude, model):
