@@ -23,8 +23,9 @@ run: install
 generate: install
 	$(VENV)/bin/modelcall generate --prompt "def fibonacci(n):" --max-tokens 48
 
+# PYTEST_ARGS: extra pytest arguments; CI passes the coverage ones (.ci/run), `make test` runs without.
 test: install
-	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -p no:cacheprovider
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 wheel-check: install
 	bash .ci/wheel_check.sh

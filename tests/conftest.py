@@ -25,3 +25,11 @@ def demo_model_dir() -> str:
     """The demo model directory in the user cache (built on first use, a few seconds)."""
     from modelcall.plugins.demo_model import demo_model_dir as build_or_get
     return build_or_get()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # NOTE: CI's coverage run blocks the entry-point copy of modelcall's fixtures (-p no:modelcall): pytest
+    # imports entry points before pytest-cov starts measuring, and that import pulls in modelcall.core.
+    # Loaded here instead, it is measured like the rest.
+    if not config.pluginmanager.has_plugin("modelcall"):
+        config.pluginmanager.import_plugin("modelcall.testing.fixtures")
