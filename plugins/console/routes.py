@@ -88,6 +88,8 @@ def routes(hub: ConsoleHub, kernel: Any, keys: bool) -> list[tuple[str, str, Any
             hub.disconnect(viewer)
         return resp
 
+    # NOTE: not in /openapi.json: an endless stream, which fuzzers and generated clients would wait on forever
+    events.openapi = False  # type: ignore[attr-defined]
     return [("GET", "/console", page), ("GET", "/console/console.js", page), ("GET", "/console/console.css", page),
             ("GET", "/-/events", events)]
 

@@ -98,6 +98,8 @@ def _from_hooks(kernel: Kernel) -> tuple[list[Any], list[RouteSpec]]:
 def _extra_paths(routes: list[RouteSpec]) -> dict[str, dict[str, Any]]:
     paths: dict[str, dict[str, Any]] = {}
     for method, path, handler in routes:
+        if getattr(handler, "openapi", True) is False:  # e.g. an endless event stream a generated client would hang on
+            continue
         doc = (getattr(handler, "__doc__", None) or path).strip().splitlines()[0]
         paths.setdefault(path, {})[method.lower()] = {"summary": doc, "responses": {"200": {"description": "OK"}}}
     return paths
