@@ -9,6 +9,7 @@ Granite its multipliers, the MoE families their own expert code.
 """
 from __future__ import annotations
 
+import os
 import random
 
 import anyio
@@ -201,3 +202,50 @@ def test_window_policy_holds_at_most_blocks_needed_and_keeps_released_prefixes_f
     kv.free(req)
     kv.free(twin)
     assert kv.num_free_blocks() == 64
+
+
+async def test_a_model_definition_registered_with_transformers_is_served(tmp_path, demo_model_dir, make_kernel):
+    """What a plugin bringing its own architecture does: register config and model with transformers'
+    Auto classes (here a Llama subclass under a new model_type); the runner serves it like a built-in."""
+    import shutil
+
+    import torch
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    class ToyConfig(LlamaConfig):
+        model_type = "modelcall_toy"
+
+    class ToyForCausalLM(LlamaForCausalLM):
+        config_class = ToyConfig
+
+    try:
+        AutoConfig.register("modelcall_toy", ToyConfig)
+        AutoModelForCausalLM.register(ToyConfig, ToyForCausalLM)
+    except ValueError:   # registered by an earlier run in this process
+        pass
+    base = build_family("llama3", str(tmp_path / "base"), demo_model_dir)
+    cfg = ToyConfig(**{k: v for k, v in transformers.AutoConfig.from_pretrained(base).to_dict().items()
+                       if k not in ("model_type", "architectures", "transformers_version")})
+    torch.manual_seed(1)
+    model = ToyForCausalLM(cfg).eval()
+    model_dir = tmp_path / "toy"
+    model.save_pretrained(model_dir)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(base, f), model_dir / f)
+    ids = torch.tensor([PROMPTS[0]])
+    ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False,
+                         eos_token_id=None, pad_token_id=0)[0, ids.shape[1]:].tolist()
+    async with make_kernel(model=str(model_dir), dtype="float32") as kernel:
+        assert type(kernel.runner.model).__name__ == "ToyForCausalLM"
+        done = await kernel.complete(prompt_token_ids=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0,
+                                     ignore_eos=True)
+    assert done.token_ids == ref
+
+
+def test_what_the_kernel_cannot_compute_is_refused_at_load_with_the_reason(tmp_path, demo_model_dir):
+    from test_runner import make_runner
+
+    model_dir = build_family("gemma3", str(tmp_path / "g"), demo_model_dir, use_bidirectional_attention=True)
+    with pytest.raises(Exception, match="does not implement bidirectional attention"):
+        make_runner(model_dir)
