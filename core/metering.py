@@ -105,7 +105,14 @@ class Admission(msgspec.Struct, frozen=True, kw_only=True):
 
 @runtime_checkable
 class Meter(Protocol):
-    """Turns requests into figures (a cost, a quota charge). `reserve` is optional."""
+    """Turns requests into figures (a cost, a quota charge).
+
+    `reserve(admission)` is optional: the entry pipeline calls it after the permission step,
+    before any compute; raising `Overloaded` or `PermissionDenied` refuses the request (and the
+    meters that reserved before it get its RequestRejected to release). An admission with
+    `count_only` (a token count, e.g. `count_tokens`) is never followed by a terminal event:
+    charge it as a request and hold nothing open for it.
+    """
 
     def observe(self, event: Any) -> None:
         """A request's terminal event (Finished / RequestFailed / RequestRejected). Inline: microseconds."""
