@@ -33,12 +33,14 @@ class PieceDetok:
         return ""
 
 
-def run_stream(pieces: list[str], stops: tuple[str, ...], ending: str) -> tuple[str, str]:
-    """Feed tokens 1..n (token i says pieces[i]) through an OutputState; end as `ending` says."""
+def run_stream(pieces: list[str], stops: tuple[str, ...], ending: str, blocked: str = "") -> tuple[str, str]:
+    """Feed tokens 1..n (token i says pieces[i]) through an OutputState; end as `ending` says.
+    `blocked`: a blocklist term the output filters end the request on."""
     n = len(pieces) - 1
     params = SamplingParams.create(stop=stops or None, max_tokens=n + 1)
     req = Request("r", [5], params, max_tokens=n if ending == "length" else n + 1, eos_token_ids=frozenset({EOS}))
-    out = OutputState(PieceDetok(pieces), params.stop, False)
+    filters = OutputFilters(lambda: output_chain([("bl", Blocklist([blocked]))], req)) if blocked else None
+    out = OutputState(PieceDetok(pieces), params.stop, False, filters=filters)
     text, reason = [], None
     for t in range(1, n + 1):
         req.all_token_ids.append(t)
@@ -78,6 +80,18 @@ def test_stopped_output_is_the_unstopped_output_cut_at_the_first_complete_stop(p
     assert text == cut_at_first_stop(whole, stops)
     stopped = any(s in whole for s in stops)
     assert reason == ("stop" if stopped or ending == "eos" else ending)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces_st, stops_st, st.sampled_from(["length", "eos", "abort"]), st.text(alphabet, min_size=1, max_size=3))
+def test_with_a_filter_the_output_is_the_stopped_output_cut_at_the_blocked_term(pieces, stops, ending, term):
+    pieces = ["<unused>", *pieces]
+    text, reason = run_stream(pieces, stops, ending, blocked=term)
+    stopped = cut_at_first_stop("".join(pieces[1:]), stops)
+    i = stopped.lower().find(term.lower())
+    assert text == (stopped if i < 0 else stopped[:i])
+    if i >= 0:
+        assert reason == "content_filter"
 
 
 def test_held_stop_prefix_is_released_in_order_when_the_request_ends_on_length():

@@ -59,9 +59,10 @@ class BlocklistStream:
         return buf[:cut]
 
     def flush(self) -> str:
-        out, self.buf = self.push(""), ""
-        if self.blocked is None:
-            out, self.buf = out + self.buf, ""
+        out = self.push("")
+        if self.blocked is None:  # NOTE: what push still held (a possible start of a term) is decided now
+            out += self.buf
+        self.buf = ""
         return out
 
 
