@@ -246,3 +246,49 @@ async def test_chat_output_is_split_in_the_kernel_and_enable_thinking_false_turn
         assert (off.reasoning, off.usage.reasoning_tokens) == ("", 0) and off.text.startswith("<think>")
         raw = await kernel.complete("ok?", max_tokens=32)  # a plain prompt's output stays raw text
         assert raw.text == tok.decode(script) and raw.usage.reasoning_tokens == 0
+
+
+# ---- the whole pipeline does not depend on how the output was tokenized --------------------------
+
+SEGMENTS = ["Hi. ", "<think>\nplan ", '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>', "</think>",
+            "\n\nSo: ", '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>', " done", "<think>"]
+
+
+def run_pipeline(pieces: list[str]) -> tuple[str, str, list[tuple[str, str]], str]:
+    from modelcall.core.tools import ToolCallStream
+    from modelcall.plugins.reasoning.think import ThinkParser
+    from modelcall.plugins.tool_parsers.hermes import HermesParser
+
+    pieces = ["<unused>", *pieces]
+    params = SamplingParams.create(max_tokens=len(pieces))
+    req = Request("r", [5], params, max_tokens=len(pieces) - 1)
+    out = OutputState(PieceDetok(pieces), reasoning=ThinkParser(), tools=ToolCallStream(HermesParser(), "r", None))
+    calls, reason = [], None
+    for t in range(1, len(pieces)):
+        req.all_token_ids.append(t)
+        r = out.on_token(req, t, window=10_000)
+        calls += [(c.name, c.arguments) for c in r.calls]
+        reason = r.reason or reason
+    return out.text, out.reasoning_text, calls, reason
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(SEGMENTS), min_size=1, max_size=6), st.lists(st.integers(0, 400), max_size=10))
+def test_content_reasoning_and_calls_are_the_same_however_the_output_is_chunked(segments, cuts):
+    text = "".join(segments)
+    cuts = sorted({c % (len(text) + 1) for c in cuts})
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    content, reasoning, calls, reason = run_pipeline(pieces)
+    assert (content, reasoning, calls) == run_pipeline([text])[:3]
+    assert reason == "length"  # ended by max_tokens: complete calls or not, the finish says length
+    inside = False  # a call written inside reasoning is never a call
+    expected = []
+    for s in segments:
+        if s == "<think>":
+            inside = True
+        elif s == "</think>":
+            inside = False
+        elif s.startswith("<tool_call>") and not inside:
+            expected.append(json.loads(s[len("<tool_call>"):-len("</tool_call>")])["name"])
+    assert [n for n, _ in calls] == expected
+    assert "<tool_call>" not in content and "<think>" not in content
