@@ -145,12 +145,16 @@ class TorchModelRunner:
                 return hidden.new_empty(0, self.spec.vocab_size)
             if step.sample_rows is not None:
                 hidden = hidden.index_select(0, step.sample_rows)
-            logits = self.lm_head(hidden)
-            if self.logit_mult is not None:
-                logits = logits * self.logit_mult
-            if self.softcap:
-                logits = torch.tanh(logits.float() / self.softcap) * self.softcap
-            return logits
+            return self._head(hidden)
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of `hidden` rows as the family's ForCausalLM computes them after its decoder."""
+        logits = self.lm_head(hidden)
+        if self.logit_mult is not None:
+            logits = logits * self.logit_mult
+        if self.softcap:
+            logits = torch.tanh(logits.float() / self.softcap) * self.softcap
+        return logits
 
     def _score_prompt(self, hidden: torch.Tensor, step: StepBatch, rows_per_pass: int = 512) -> list[tuple[int, list, list]]:
         """Prompt logprobs from the logits at the asked rows of this forward (no second pass over the
@@ -164,12 +168,7 @@ class TorchModelRunner:
         ranks: list[int] = []
         rows, targets = step.prompt_rows, step.prompt_targets
         for a in range(0, len(targets), rows_per_pass):
-            logits = self.lm_head(hidden.index_select(0, rows[a:a + rows_per_pass]))
-            mult = getattr(self, "logit_mult", None)
-            if mult is not None:
-                logits = logits * mult
-            if self.softcap:
-                logits = torch.tanh(logits.float() / self.softcap) * self.softcap
+            logits = self._head(hidden.index_select(0, rows[a:a + rows_per_pass]))
             lp, rk = score(logits, targets[a:a + rows_per_pass], num_top)
             lps.extend(lp)
             ranks.extend(rk)
