@@ -56,19 +56,22 @@ class DetokenizeResponse(Struct):
     prompt: str
 
 
-_completion = msgspec.json.Decoder(TokenizeCompletion)
-_chat = msgspec.json.Decoder(TokenizeChat)
-_detok = msgspec.json.Decoder(DetokenizeRequest)
 _encoder = msgspec.json.Encoder()
 
 
-def _decode(raw: bytes, decoder: msgspec.json.Decoder) -> Any:
+def _decode(raw: bytes, pick: Any) -> Any:
+    """The body as the struct `pick(obj)` names for the decoded JSON object; 400s name the field."""
     if not raw:
         raise ApiError(400, "the request body is empty; send a JSON object", code="invalid_json")
     try:
-        return decoder.decode(raw)
+        obj = msgspec.json.decode(raw)
+        if not isinstance(obj, dict):
+            raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+        return msgspec.convert(obj, pick(obj))
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise ApiError.from_decode(e) from None
+    except RecursionError:
+        raise ApiError(400, "the JSON body is nested too deeply", code="invalid_json") from None
 
 
 def _json(obj: Any) -> web.Response:
@@ -77,9 +80,8 @@ def _json(obj: Any) -> web.Response:
 
 async def tokenize(request: web.Request, ctx: ServingContext) -> web.Response:
     """Token ids of a prompt, or of chat messages rendered with the model's template."""
-    raw = await request.read()
-    is_chat = b'"messages"' in raw
-    body = _decode(raw, _chat if is_chat else _completion)
+    body = _decode(await request.read(), lambda obj: TokenizeChat if "messages" in obj else TokenizeCompletion)
+    is_chat = type(body) is TokenizeChat
     ctx.check_model(body.model)
     tok = ctx.kernel.tokenizer
     try:
@@ -110,7 +112,7 @@ def _render(tok: Any, body: TokenizeChat) -> str:
 
 async def detokenize(request: web.Request, ctx: ServingContext) -> web.Response:
     """The text of token ids (special tokens kept, as vLLM)."""
-    body = _decode(await request.read(), _detok)
+    body = _decode(await request.read(), lambda obj: DetokenizeRequest)
     ctx.check_model(body.model)
     vocab = ctx.kernel.spec.vocab_size
     bad = next((t for t in body.tokens if t >= vocab), None)
