@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Entry overhead per request, this tree vs a baseline tree (e.g. a git worktree of an older commit),
-# same script, alternating runs, one process each; prints each run and the ratio of medians (new/base).
+# same script, alternating runs, one process each; prints each run and new/base ratios of the medians over
+# runs of: CPU time per submit (the figure to read on a loaded machine), wall p10, wall median.
 #   git worktree add /tmp/mc_base <commit>
 #   benchmarks/entry_overhead.sh /tmp/mc_base          N=200 PAIRS=2
 set -euo pipefail
@@ -29,7 +30,8 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 new = [r for r in rows if r["tree"] == sys.argv[2]]
 old = [r for r in rows if r["tree"] != sys.argv[2]]
 for form in ("text", "messages", "token_ids"):
-    n = statistics.median(r[form]["median_us"] for r in new)
-    o = statistics.median(r[form]["median_us"] for r in old)
-    print(f"{form:10s} base {o:8.1f} us   new {n:8.1f} us   new/base {n / o:5.2f}x")
+    for stat in ("cpu_median_us", "p10_us", "median_us"):
+        n = statistics.median(r[form][stat] for r in new)
+        o = statistics.median(r[form][stat] for r in old)
+        print(f"{form:10s} {stat:14s} base {o:8.1f} us   new {n:8.1f} us   new/base {n / o:5.2f}x")
 PY
