@@ -4,6 +4,9 @@ runs alternating (A B A B ...), so machine noise hits both alike. Prints each me
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/runner_before_after.py [--base 77f8ef9] [--runs 3]
         [--threads 1] [--model DIR --dataset W1.jsonl]   (default: builds ../shared/bench's w1 model)
 
+On a shared machine the wall figures swing with the neighbours' load; tokens per process CPU-second
+are printed too (threads waiting for a core cost wall time, not CPU time).
+
 The earlier runner is `git show BASE:plugins/runner/*.py` copied into a private package (imports and
 the attention name rewritten), served through a plugin that provides it when `runner = "base"`.
 """
@@ -54,16 +57,18 @@ class BaseRunnerPlugin:
         return TorchModelRunner(config, model_dir, sampler)
 
 
-async def w1_once(kernel, rows) -> float:
+async def w1_once(kernel, rows) -> tuple[float, float]:
+    """(output tok/s of wall time, output tok per second of process CPU time)."""
     import anyio
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     async with anyio.create_task_group() as tg:
         for row in rows:
             tg.start_soon(lambda r=row: kernel.complete(prompt_token_ids=r["prompt_token_ids"],
                                                         max_tokens=r.get("max_tokens", 128), temperature=0,
                                                         ignore_eos=True))
-    return sum(r.get("max_tokens", 128) for r in rows) / (time.perf_counter() - t0)
+    tokens = sum(r.get("max_tokens", 128) for r in rows)
+    return tokens / (time.perf_counter() - t0), tokens / (time.process_time() - c0)
 
 
 async def main() -> None:
@@ -85,6 +90,7 @@ async def main() -> None:
     with open(args.dataset) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     figures: dict[str, list[float]] = {"base": [], "torch": []}
+    per_cpu: dict[str, list[float]] = {"base": [], "torch": []}
     kernels = {}
     async with contextlib.AsyncExitStack() as stack:
         for name in ("base", "torch"):
@@ -95,11 +101,15 @@ async def main() -> None:
         for _ in range(args.runs):
             for name in ("base", "torch"):
                 kernels[name].kv.reset_prefix_cache()
-                figures[name].append(await w1_once(kernels[name], rows))
-                print(f"{name:5s} W1 {figures[name][-1]:.1f} tok/s", flush=True)
+                wall, cpu = await w1_once(kernels[name], rows)
+                figures[name].append(wall)
+                per_cpu[name].append(cpu)
+                print(f"{name:5s} W1 {wall:.1f} tok/s ({cpu:.1f} tok per CPU-second)", flush=True)
     b, n = statistics.median(figures["base"]), statistics.median(figures["torch"])
     print(f"runner at {args.base}: {b:.1f} tok/s; today's runner: {n:.1f} tok/s; ratio today/base {n / b:.3f} "
           f"(medians of {args.runs}, threads {args.threads})")
+    bc, nc = statistics.median(per_cpu["base"]), statistics.median(per_cpu["torch"])
+    print(f"per CPU-second (less sensitive to a busy machine): base {bc:.1f}, today {nc:.1f}, ratio {nc / bc:.3f}")
 
 if __name__ == "__main__":
     import anyio
