@@ -68,6 +68,13 @@ def refused(server, step: str, status: int) -> float:
     return 0.0
 
 
+def prefix_hits(server) -> float:
+    m = re.search(r"^modelcall:prefix_cache_hits_total\{[^}]*\} (\S+)$",
+                  httpx.get(server.base_url + "/metrics", headers=auth(ALPHA)).text, re.M)
+    assert m, "no prefix_cache_hits in /metrics"
+    return float(m.group(1))
+
+
 def ledger_rows(server, where: str, args: tuple = ()) -> list[dict]:
     observer, _ = ledger_of(server.kernel)
     observer.flush()
@@ -121,8 +128,9 @@ def test_one_key_never_hits_another_keys_prefix_cache_unless_they_share_a_group(
     prompt = long_prompt("cache-attack")
     assert cached(post(server, "/v1/completions", ALPHA, {"prompt": prompt, "max_tokens": 1})) == 0
     assert cached(post(server, "/v1/completions", ALPHA, {"prompt": prompt, "max_tokens": 1})) > 0  # own: cached
+    hits = prefix_hits(server)
     r = post(server, "/v1/completions", BETA, {"prompt": prompt, "max_tokens": 1})
-    assert cached(r) == 0  # the other tenant learns nothing
+    assert cached(r) == 0 and prefix_hits(server) == hits  # the other tenant learns nothing
     [row] = ledger_rows(server, "request_id = ?", (r.json()["id"].removeprefix("cmpl-"),))
     assert row["key_name"] == "beta" and row["cached_tokens"] == 0
     # Keys of one cache_group share on purpose.
