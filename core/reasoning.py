@@ -63,6 +63,7 @@ class ReasoningSupport:
         self.parsers = parsers
         self.default = default
         self.tokenizer = tokenizer
+        self._names: frozenset[str] | None = None  # the arguments the default factory takes
 
     @classmethod
     def assemble(cls, host: Any, config: Any, tokenizer: Any) -> ReasoningSupport:
@@ -89,18 +90,22 @@ class ReasoningSupport:
         if self.default is None:
             return None
         factory = self.parsers[self.default]
-        return _call(factory, tokenizer=self.tokenizer, prompt_token_ids=prompt_token_ids,
-                     chat_template_kwargs=dict(chat_template_kwargs or {}))
+        if self._names is None:
+            self._names = _accepted(factory)
+        kwargs = {"tokenizer": self.tokenizer, "prompt_token_ids": prompt_token_ids,
+                  "chat_template_kwargs": dict(chat_template_kwargs or {})}
+        return factory(**{k: v for k, v in kwargs.items() if k in self._names})
 
 
-def _call(fn: Callable[..., Any], **kwargs: Any) -> Any:
-    """Call `fn` with the subset of `kwargs` it names (factories may take fewer arguments)."""
+def _accepted(fn: Callable[..., Any]) -> frozenset[str]:
+    """The factory arguments `fn` names (factories may take any subset of them)."""
     import inspect
 
+    every = frozenset({"tokenizer", "prompt_token_ids", "chat_template_kwargs"})
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        return fn(**kwargs)
+        return every
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return fn(**kwargs)
-    return fn(**{k: v for k, v in kwargs.items() if k in params})
+        return every
+    return every & frozenset(params)
