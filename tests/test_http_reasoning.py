@@ -104,3 +104,29 @@ def test_text_split_anywhere_gives_the_same_result(text, cuts):
 def test_a_prompt_that_opens_thinking_starts_in_reasoning():
     assert run(ThinkParser(START, END, inside=True), [[(2, "thinking")], [(END, "</think>")], [(4, "\nanswer")]]) \
         == ("thinking", "answer", 2)
+
+
+def test_the_built_in_parsers_read_the_prompt_and_the_switch(demo_model_dir):
+    from modelcall.plugins.reasoning.plugin import qwen3, think, think_in_prompt
+    from modelcall.plugins.tokenizer_hf import HFTokenizer
+
+    tok = HFTokenizer(demo_model_dir)
+    opened, closed, plain = tok.encode("hi<think>\n"), tok.encode("<think>\n\n</think>\n\n"), tok.encode("hi")
+    assert think(tok, opened).inside and not think(tok, closed).inside and not think(tok, plain).inside
+    assert think_in_prompt(tok, plain).inside and not think_in_prompt(tok, closed).inside
+    assert qwen3(tok, plain, {"enable_thinking": False}) is None and qwen3(tok, plain, {}) is not None
+    p = think(tok, plain)
+    assert [p.is_reasoning(t) for t in tok.encode("a<think>b</think>c")] == [False, True, True, True, False]
+
+
+@pytest.mark.anyio
+async def test_the_configuration_picks_or_turns_off_the_reasoning_parser(make_kernel):
+    from modelcall.core import ConfigError
+
+    async with make_kernel(plugin_config={"reasoning": {"parser": "none"}}) as kernel:
+        assert kernel.output_stage.reasoning.default is None
+    async with make_kernel() as kernel:
+        assert kernel.output_stage.reasoning.default == "qwen3"  # the demo template has the switch
+    with pytest.raises(ConfigError, match="nope"):
+        async with make_kernel(plugin_config={"reasoning": {"parser": "nope"}}):
+            pass
