@@ -18,8 +18,9 @@ from modelcall.testing import EventCollector
 
 
 async def stream_chat(session: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int,
-                      stop_after: int | None = None) -> str | None:
-    """The streamed answer, or None when this client hung up after `stop_after` content deltas."""
+                      stop_after: int | None = None, on_hangup=None) -> str | None:
+    """The streamed answer, or None when this client hung up after `stop_after` content deltas
+    (`on_hangup(request_id)` is called just before)."""
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
             "stream": True}
     parts: list[str] = []
@@ -29,24 +30,27 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, prompt: str, max
             line = raw.decode().strip()
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            delta = json.loads(line[6:])["choices"]
+            chunk = json.loads(line[6:])
+            delta = chunk["choices"]
             if delta and delta[0]["delta"].get("content"):
                 parts.append(delta[0]["delta"]["content"])
                 if stop_after is not None and len(parts) >= stop_after:
+                    if on_hangup is not None:
+                        on_hangup(chunk["id"].removeprefix("chatcmpl-"))
                     resp.close()  # hang up mid-stream
                     return None
     return "".join(parts)
 
 
 async def run_clients(url: str, prompts: list[str], max_tokens: int, stop_after: dict[int, int],
-                      leaver_max_tokens: int | None = None) -> list[str | None]:
+                      leaver_max_tokens: int | None = None, on_hangup=None) -> list[str | None]:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         return await asyncio.gather(*(stream_chat(session, url, p, leaver_max_tokens if i in stop_after and
-                                                  leaver_max_tokens else max_tokens, stop_after.get(i))
+                                                  leaver_max_tokens else max_tokens, stop_after.get(i), on_hangup)
                                       for i, p in enumerate(prompts)))
 
 
-async def cancel_whole_requests(url: str, n: int, max_tokens: int, generating) -> None:
+async def cancel_whole_requests(url: str, n: int, max_tokens: int, generating, on_cancel) -> None:
     """Non-streaming clients that give up while their answer is being generated: once `generating()`
     (the server's own count of these requests that have emitted tokens) reaches n."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -58,6 +62,7 @@ async def cancel_whole_requests(url: str, n: int, max_tokens: int, generating) -
         deadline = time.monotonic() + 120
         while generating() < n and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
+        on_cancel()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -76,6 +81,23 @@ def wait_idle(server: ServerThread, within_s: float = 60.0) -> dict:
         time.sleep(0.01)
 
 
+def last_step(events: EventCollector) -> int:
+    steps = events.of(StepDone)
+    return steps[-1].step if steps else 0
+
+
+def steps_until_finished(events: EventCollector, request_id: str, since_step: int) -> int:
+    """How many engine steps ran after step `since_step` before the request finished: the work the
+    server kept doing for it."""
+    n = 0
+    for e in list(events.events):
+        if type(e) is StepDone and e.step > since_step:
+            n += 1
+        elif type(e) is Finished and e.request_id == request_id:
+            return n
+    raise AssertionError(f"request {request_id} never finished")
+
+
 def finished_with(events: EventCollector, max_tokens: int) -> list[Finished]:
     """The Finished events of the requests admitted with `max_tokens` (how the tests mark their leavers)."""
     ids = {e.request_id for e in events.of(RequestAdmitted) if e.max_tokens == max_tokens}
@@ -91,13 +113,18 @@ def test_disconnecting_clients_free_everything_and_do_not_disturb_the_others():
         calm = asyncio.run(run_clients(server.base_url, prompts, 24, {}))
         assert all(calm) and len(set(calm)) > 50
         # NOTE: the leavers ask for 200 tokens, the others for 24: a request that outlived its client
-        # would run on to 200 and finish "length"; freed at once, it ends "abort" after a few tokens.
-        disturbed = asyncio.run(run_clients(server.base_url, prompts, 24, leavers, leaver_max_tokens=200))
+        # would run on to 200 and finish "length". "At once" is counted in engine steps, not seconds.
+        hung: dict[str, int] = {}   # request id -> the server's last step when its client hung up
+        disturbed = asyncio.run(run_clients(server.base_url, prompts, 24, leavers, leaver_max_tokens=200,
+                                            on_hangup=lambda rid: hung.setdefault(rid, last_step(events))))
         stats = wait_idle(server)
         assert stats["idle"], f"the clients left and work is still held: {stats}"
         left = finished_with(events, 200)
         assert len(left) == 30 and {e.reason for e in left} == {"abort"}, [(e.reason, e.usage) for e in left]
-        assert max(e.usage.completion_tokens for e in left) < 100, [e.usage.completion_tokens for e in left]
+        assert set(hung) == {e.request_id for e in left}
+        after = {rid: steps_until_finished(events, rid, step) for rid, step in hung.items()}
+        print(f"engine steps after a hang-up: at most {max(after.values())}")
+        assert max(after.values()) <= 16, f"engine steps run for a request after its client hung up: {after}"
         assert [d for i, d in enumerate(disturbed) if i not in leavers] == \
                [c for i, c in enumerate(calm) if i not in leavers]
         assert all(disturbed[i] is None for i in leavers)
@@ -105,11 +132,16 @@ def test_disconnecting_clients_free_everything_and_do_not_disturb_the_others():
         def generating() -> int:
             ids = {e.request_id for e in events.of(RequestAdmitted) if e.max_tokens == 199}
             return len({e.request_id for e in events.of(TokensEmitted) if e.request_id in ids})
-        asyncio.run(cancel_whole_requests(server.base_url, 10, 199, generating))
+        cancelled: list[int] = []
+        asyncio.run(cancel_whole_requests(server.base_url, 10, 199, generating,
+                                          lambda: cancelled.append(last_step(events))))
         stats = wait_idle(server)
         assert stats["idle"], f"non-streaming clients that left still hold work: {stats}"
         left = finished_with(events, 199)
         assert len(left) == 10 and {e.reason for e in left} == {"abort"}, [(e.reason, e.usage) for e in left]
+        after = {e.request_id: steps_until_finished(events, e.request_id, cancelled[0]) for e in left}
+        print(f"engine steps after a cancel: at most {max(after.values())}")
+        assert max(after.values()) <= 16, f"engine steps run for a request after its client left: {after}"
 
 
 class RunningMeter:
