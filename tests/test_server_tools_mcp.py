@@ -203,6 +203,15 @@ def test_streamed_hosted_call_events_and_ids(oai):
     assert done.item.output == call.output and done.item.arguments == call.arguments
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert events[-1].type in ("response.completed", "response.incomplete")
+    # first the server's tool list, as OpenAI sends it; a continuation does not list again
+    listing = final.output[0]
+    assert listing.type == "mcp_list_tools" and listing.server_label == "files"
+    assert [t.name for t in listing.tools] == ["lookup"] and listing.tools[0].input_schema["properties"]["key"]
+    assert [e.type for e in events[2:6]] == ["response.output_item.added", "response.mcp_list_tools.in_progress",
+                                             "response.mcp_list_tools.completed", "response.output_item.done"]
+    more = oai.responses.create(model=MODEL, previous_response_id=final.id, input="Again.", max_output_tokens=60,
+                                parallel_tool_calls=False, max_tool_calls=1, **_mcp("files", "lookup"))
+    assert [o.type for o in more.output][0] == "mcp_call"
 
 
 def test_a_python_tool_from_a_plugin_enabled_by_name(oai):

@@ -37,6 +37,8 @@ async def run_loop(ctx: ServingContext, plan: Plan, builder: OutputBuilder, tool
     messages = list(plan.messages)
     budget = plan.fields.get("max_tokens")
     hosted_runs = 0
+    for label in plan.list_labels:
+        builder.list_tools(label, [t for t in plan.hosted.values() if t.server_label == label])
     while True:
         offer_hosted = hosted_runs < plan.max_tool_calls
         tools = plan.functions + ([t.openai() for t in plan.hosted.values()] if offer_hosted else [])

@@ -101,6 +101,19 @@ class OutputBuilder:
 
     # ---- tool calls ----------------------------------------------------------------------------
 
+    def list_tools(self, label: str, tools: Sequence[ServerToolInfo]) -> None:
+        """An `mcp_list_tools` item: what the model is offered from one MCP server (as OpenAI lists them)."""
+        item: dict[str, Any] = {"type": "mcp_list_tools", "id": new_id("mcpl"), "server_label": label, "tools": [],
+                                "error": None}
+        self.items.append(item)
+        idx = len(self.items) - 1
+        self.emit("response.output_item.added", output_index=idx, item=_copy(item))
+        self.emit("response.mcp_list_tools.in_progress", item_id=item["id"], output_index=idx)
+        item["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.parameters,
+                          "annotations": None} for t in tools]
+        self.emit("response.mcp_list_tools.completed", item_id=item["id"], output_index=idx)
+        self.emit("response.output_item.done", output_index=idx, item=_copy(item))
+
     def tool_deltas(self, deltas: Sequence[ToolCallDelta]) -> None:
         for d in deltas:
             if d.name is not None:

@@ -34,6 +34,7 @@ class Plan(msgspec.Struct, kw_only=True):
     response_format: dict[str, Any] | None
     fields: dict[str, Any]                      # SamplingParams fields (max_tokens: the whole response's budget)
     max_tool_calls: int
+    list_labels: list[str] = []                 # MCP servers to list (an mcp_list_tools item) before the first pass
 
     @property
     def forced(self) -> bool:
@@ -53,7 +54,8 @@ def plan_of(body: ResponsesRequest, response_id: str, history: list[dict[str, An
     items = normalize_input(body.input)
     if not items and not history:
         raise ApiError(400, "input is required (text or a list of items)", param="input")
-    functions, hosted = _tools(body, toolbox, caller)
+    functions, hosted, mcp_labels = _tools(body, toolbox, caller)
+    listed = {it.get("server_label") for it in history if it.get("type") == "mcp_list_tools"}
     choice = _choice(body.tool_choice, functions, hosted)
     fmt = body.text.format if body.text is not None else None
     response_format = None
@@ -68,13 +70,15 @@ def plan_of(body: ResponsesRequest, response_id: str, history: list[dict[str, An
                 messages=to_messages([*history, *items], body.instructions), functions=functions, hosted=hosted,
                 tool_choice=choice, parallel_tool_calls=body.parallel_tool_calls, response_format=response_format,
                 fields=sampling_fields(_NoStops(body), max_tokens=body.max_output_tokens, logprobs=None),
-                max_tool_calls=body.max_tool_calls or DEFAULT_MAX_TOOL_CALLS)
+                max_tool_calls=body.max_tool_calls or DEFAULT_MAX_TOOL_CALLS,
+                list_labels=[label for label in mcp_labels if label not in listed])
 
 
 def _tools(body: ResponsesRequest, toolbox: ServerToolbox | None, caller: Caller | None
-           ) -> tuple[list[dict[str, Any]], dict[str, ServerToolInfo]]:
+           ) -> tuple[list[dict[str, Any]], dict[str, ServerToolInfo], list[str]]:
     functions: list[dict[str, Any]] = []
     hosted: dict[str, ServerToolInfo] = {}
+    mcp_labels: list[str] = []
     available = {t.qualified: t for t in toolbox.tools()} if toolbox is not None else {}
     labels = set(toolbox.labels()) if toolbox is not None else set()
     for i, t in enumerate(body.tools or ()):
@@ -91,6 +95,7 @@ def _tools(body: ResponsesRequest, toolbox: ServerToolbox | None, caller: Caller
                 raise ApiError(400, "approvals are not supported: send require_approval 'never'",
                                param=f"tools[{i}].require_approval")
             allowed = t.allowed_tools.tool_names if isinstance(t.allowed_tools, McpToolFilter) else t.allowed_tools
+            mcp_labels.append(t.server_label)
             of_server = {x.name: x for x in available.values() if x.server_label == t.server_label}
             for name in allowed if allowed is not None else sorted(of_server):
                 if name not in of_server:
@@ -109,7 +114,7 @@ def _tools(body: ResponsesRequest, toolbox: ServerToolbox | None, caller: Caller
         bad = caller.forbidden_tools(sorted(hosted))
         if bad:
             raise PermissionDenied(f"the key {caller.name!r} may not use tool(s) {', '.join(bad)}", field="tools")
-    return functions, hosted
+    return functions, hosted, mcp_labels
 
 
 def _choice(choice: Any, functions: list[dict[str, Any]], hosted: dict[str, ServerToolInfo]) -> Any:
