@@ -17,7 +17,9 @@ from modelcall.core.errors import ConfigError
 from modelcall.plugins.auth.keys import KeyStore, presented_key
 
 FULL, LIMITED = "mc-full-key-0123456789", "mc-limited-key-abcdef"
-OPEN = {"/health", "/ready"}
+# the console's page files hold no data (a browser cannot send a key when it opens a page); its feed,
+# /-/events, needs a key like every other route
+OPEN = {"/health", "/ready", "/console", "/console/console.js", "/console/console.css"}
 
 
 @pytest.fixture(scope="module")
