@@ -177,6 +177,14 @@ class _Runner:
             response = self.final(None, "failed", {"code": e.code or e.error_type, "message": e.message})
             self.save(response)
             b.emit("response.failed", response=response)
+        except Exception as e:
+            if not out.response.prepared:
+                raise
+            log.exception("streamed response %s failed", self.plan.response_id)  # a bug: the stream still ends well
+            response = self.final(None, "failed", {"code": "server_error", "message": f"internal error "
+                                                   f"({type(e).__name__}); see the server log"})
+            self.save(response)
+            b.emit("response.failed", response=response)
         else:
             response = self.final(result)
             self.save(response)
