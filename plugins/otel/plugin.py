@@ -4,9 +4,9 @@
                               "capture_content": false,        # prompt/output text: only when asked
                               "headers": {"authorization": "..."}, "service_name": "modelcall"}}
 
-Off the hot path: the engine's observers only enqueue (a bounded queue, dropped and counted
-when full); spans are built on a worker thread and exported by the SDK's BatchSpanProcessor
-on its own thread. Each kernel has its own TracerProvider (no global state).
+Off the hot path: the engine's observers only append to a bounded batch (dropped and counted
+when full); a worker thread drains it five times a second and builds the spans, which the SDK's
+BatchSpanProcessor exports on its own thread. Each kernel has its own TracerProvider (no global state).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from modelcall.core import ConfigError, hookimpl
 from modelcall.events import (
-    Finished, OffloadedObserver, Preempted, RequestAdmitted, RequestFailed, RequestRejected, RequestScheduled,
+    Finished, Preempted, RequestAdmitted, RequestFailed, RequestRejected, RequestScheduled,
     ToolExecuted, ToolFailed,
 )
 
@@ -48,6 +48,7 @@ class Tracing:
         except ImportError as e:
             raise ConfigError(f"--otlp-traces-endpoint needs the OpenTelemetry SDK and OTLP exporter ({e}); "
                               "install them with: pip install 'modelcall[otel]'") from None
+        from modelcall.plugins.otel.batcher import Batcher
         from modelcall.plugins.otel.spans import SpanBuilder
 
         self.url = traces_url(str(cfg["endpoint"]))
@@ -58,8 +59,8 @@ class Tracing:
         self.provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=int(cfg.get("delay_ms", 1000))))
         self.builder = SpanBuilder(self.provider.get_tracer("modelcall"),
                                    capture_content=bool(cfg.get("capture_content", False)))
-        self.observer = OffloadedObserver(handle_batch=self.builder.handle_batch, name="otel",
-                                          maxsize=int(cfg.get("queue", 10_000)))
+        self.observer = Batcher(self.builder.handle_batch, maxsize=int(cfg.get("queue", 10_000)),
+                                interval_s=float(cfg.get("interval_s", 0.2)))
 
     def register(self, register: Any) -> None:
         from modelcall.plugins.otel.incoming import current
