@@ -175,3 +175,20 @@ async def test_events_feed_shows_each_key_its_own_requests(tmp_path):
     assert {e["caller"] for e in seen_b if e["type"] == "RequestAdmitted"} == {"bob"}
     ids_a = {e["request_id"] for e in seen_a}
     assert not ids_a & {e["request_id"] for e in seen_b}
+
+
+def test_a_lagging_viewer_loses_events_counted_never_blocking_the_engine():
+    from modelcall.events import RequestAdmitted, TokensEmitted
+    from modelcall.plugins.console.hub import ConsoleHub, Viewer
+
+    hub = ConsoleHub()
+    mine, other = Viewer("alice", None, capacity=3), Viewer("bob", None)
+    hub.connect(mine)
+    hub.connect(other)
+    admitted = RequestAdmitted(request_id="r1", model="m", prompt_tokens=4, max_tokens=8, caller="alice")
+    hub.on_lifecycle(admitted)
+    for ev in (admitted, *(TokensEmitted(request_id="r1", token_ids=(1,), text="x") for _ in range(4))):
+        hub.forward(ev)
+    assert len(mine.queue) == 3 and mine.dropped == 2 and mine.wake.is_set()
+    assert not other.queue  # bob never sees alice's request
+    assert hub.snapshot("alice")["live"][0]["stage"] == "queue" and hub.snapshot("bob")["live"] == []

@@ -211,3 +211,21 @@ def test_cli_option_configures_the_exporter():
                                               "--otlp-capture-content"]))
     assert cfg.plugin_config["otel"] == {"endpoint": "http://127.0.0.1:4318/v1/traces", "capture_content": True}
     assert "otel" not in config_from_args(parser.parse_args([])).plugin_config
+
+
+def test_the_batcher_drops_and_counts_past_its_bound_and_keeps_order():
+    from modelcall.plugins.otel.batcher import Batcher
+
+    seen: list[list[int]] = []
+    b = Batcher(seen.append, maxsize=3, interval_s=60)  # the worker sleeps: only flush drains
+    try:
+        for i in range(5):
+            b(i)
+        assert b.dropped == 2
+        b.flush()
+        assert seen == [[0, 1, 2]]
+        b(7)
+        b.flush()
+        assert seen == [[0, 1, 2], [7]]
+    finally:
+        b.close()
