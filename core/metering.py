@@ -76,7 +76,14 @@ class Exchange:
         self.refused = False  # a refusal of this exchange was published already (RequestRejected)
 
     def response_headers(self) -> dict[str, str]:
-        """Headers a front end adds to its response: what a context policy dropped, if anything."""
+        """Headers a front end adds to its response: what a context policy dropped, if anything, and
+        what a handle names itself (`handle.response_headers`, e.g. the replica that served it)."""
+        named: dict[str, str] = {}
+        for h in self.handles:
+            named.update(getattr(h, "response_headers", None) or {})
+        return {**named, **self._context_headers()}
+
+    def _context_headers(self) -> dict[str, str]:
         for h in self.handles:
             c = getattr(h, "context", None)
             if c:

@@ -48,6 +48,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     t = parser.add_argument_group("responses API and server-hosted tools")
     t.add_argument("--tools-config", metavar="FILE", help="TOML or JSON file of [[servers]] (MCP servers over stdio "
                    "or streamable HTTP) whose tools run inside /v1/responses requests (docs/server-tools.md)")
+    r = parser.add_argument_group("replicas (the scale extra: Ray Serve; docs/scale.md)")
+    r.add_argument("--replicas", type=int, default=None, metavar="N",
+                   help="serve N kernel replicas on Ray Serve behind this front end, routed by prefix")
+    r.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (default: start a local one)")
     t.add_argument("--responses-store", metavar="PATH", help="SQLite file of stored responses (default: in memory, "
                    "bounded; docs/responses.md)")
 
@@ -111,7 +115,21 @@ def _kernel_from_args(args: argparse.Namespace) -> Kernel:
         return Kernel(plugins=args.plugin, blocked=args.blocked, plugin_config=records, **fields, **overrides)
     # NOTE: an explicit --plugin-config NAME=... comes later and wins over these.
     args.plugin_config = [f"{name}={json.dumps(cfg)}" for name, cfg in records.items()] + list(args.plugin_config)
-    return kernel_from_args(args, **overrides)
+    kernel = kernel_from_args(args, **overrides)
+    if getattr(args, "replicas", None) or getattr(args, "ray_address", None):
+        return _replicated(args, kernel)
+    return kernel
+
+
+def _replicated(args: argparse.Namespace, kernel: Kernel) -> Any:
+    """The kernel's configuration served by N replicas on Ray Serve (a kernel-like RemoteKernel)."""
+    try:
+        from modelcall.plugins.scale.remote import RemoteKernel
+    except ImportError as e:
+        raise SystemExit(f"--replicas needs the scale extra: pip install 'modelcall[scale]' ({e})") from None
+    return RemoteKernel(kernel.config, plugins=tuple(getattr(args, "plugins", ())),
+                        blocked=tuple(getattr(args, "blocked", ())), num_replicas=args.replicas or 1,
+                        ray_address=args.ray_address)
 
 
 def run(args: argparse.Namespace) -> int:
