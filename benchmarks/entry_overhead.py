@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -42,7 +43,10 @@ async def measure(n: int) -> dict:
     cfg = {"auth": {"api_keys": str(keys)}, "safety": {"blocklist": ["forbidden phrase"]}}
     caller = Caller(name="bench", limits=Limits(rpm=10**6, tpm=10**9))
     out: dict = {"tree": str(Path(core.__file__).resolve().parent.parent)}
-    async with Kernel(plugins=PLUGINS, load_entrypoints=False, max_model_len=256, plugin_config=cfg) as kernel:
+    model = os.environ.get("MODEL_DIR")  # one model directory for both trees (their demo models may differ)
+    plugins = [p for p in PLUGINS if not (model and p.endswith("demo_model.plugin"))]
+    async with Kernel(plugins=plugins, load_entrypoints=False, max_model_len=256, plugin_config=cfg,
+                      model=model) as kernel:
         ids = kernel.tokenizer.encode(TEXT)
         forms = {"text": {"prompt": TEXT}, "messages": {"messages": MESSAGES}, "token_ids": {"prompt_token_ids": ids}}
         for _ in range(20):  # warm up (threads, caches, first-call costs)

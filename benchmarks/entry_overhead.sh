@@ -18,6 +18,12 @@ for which in new base; do
   mkdir -p "$scratch/$which/modelcall"
   for part in core events plugins testing; do ln -sfn "$tree/$part" "$scratch/$which/modelcall/$part"; done
 done
+# One model for both: the baseline tree's demo model, written once (MODEL_DIR=... to use another).
+if [ -z "${MODEL_DIR:-}" ]; then
+  export MODEL_DIR="$scratch/model"
+  PYTHONPATH="$scratch/base" "$py" -c "import sys; from modelcall.plugins.demo_model.build import write_demo_model; \
+write_demo_model(sys.argv[1])" "$MODEL_DIR" >/dev/null 2>&1
+fi
 results="$scratch/results.jsonl"
 for _ in $(seq "${PAIRS:-2}"); do
   for which in base new; do
