@@ -249,3 +249,29 @@ def test_what_the_kernel_cannot_compute_is_refused_at_load_with_the_reason(tmp_p
     model_dir = build_family("gemma3", str(tmp_path / "g"), demo_model_dir, use_bidirectional_attention=True)
     with pytest.raises(Exception, match="does not implement bidirectional attention"):
         make_runner(model_dir)
+
+
+async def test_a_stray_sliding_window_key_in_a_family_that_ignores_it_frees_nothing(tmp_path, demo_model_dir,
+                                                                                    make_kernel):
+    """Llama's attention does not read `sliding_window`; a config.json carrying one must not make the KV
+    policy free blocks its layers still read (windows are observed from the model's own attention calls).
+
+    NOTE: the reference is generate(use_cache=False), the model's own forward: transformers' DynamicCache
+    does read the stray key and makes sliding cache layers, so its cached generate disagrees with its own
+    uncached forward here (seen with transformers 5.24)."""
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model_dir = build_family("llama3", str(tmp_path / "m"), demo_model_dir, sliding_window=4)
+    assert json.load(open(os.path.join(model_dir, "config.json")))["sliding_window"] == 4
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval()
+    ids = torch.tensor([PROMPTS[0]])
+    ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False,
+                         eos_token_id=None, pad_token_id=0, use_cache=False)[0, ids.shape[1]:].tolist()
+    async with make_kernel(model=model_dir, dtype="float32", block_size=4) as kernel:
+        assert kernel.spec.layer_windows == (0, 0, 0) and kernel.kv.group_windows == (0,)
+        done = await kernel.complete(prompt_token_ids=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0,
+                                     ignore_eos=True)
+    assert done.token_ids == ref

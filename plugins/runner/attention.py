@@ -54,6 +54,10 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     _, n_q_heads, num_tokens, head_dim = query.shape
     var = Variant(scaling if scaling is not None else head_dim ** -0.5,
                   int(sliding_window) if sliding_window else None, float(softcap) if softcap else None, s_aux)
+    probe = step.scratch.get("probe_windows")
+    if probe is not None:   # the load-time probe: record the layer's window, compute nothing
+        probe[layer] = var.window or 0
+        return query.new_zeros(1, num_tokens, n_q_heads, head_dim), None
     declared = step.scratch.get("layer_windows")
     if declared and (var.window or 0) != declared[module.layer_idx]:
         # NOTE: the KV policy frees blocks by the declared windows: a layer reading further back would read

@@ -167,7 +167,9 @@ def layer_windows(cfg: Any) -> tuple[int, ...]:
 
 
 def build_spec(model_dir: str, config: KernelConfig, cfg: Any, hf_config: dict[str, Any],
-               placement: Placement) -> ModelSpec:
+               placement: Placement, windows: tuple[int, ...] | None = None) -> ModelSpec:
+    """`windows`: each layer's sliding window as observed (runner.probe_layer_windows); None: read from the
+    config (`layer_windows`)."""
     # NOTE: a sliding window does not cap the context: the kernel slides it (keys pos-W+1..pos).
     max_len = int(getattr(cfg, "max_position_embeddings", 0) or 2048)
     if config.max_model_len is not None:
@@ -188,5 +190,5 @@ def build_spec(model_dir: str, config: KernelConfig, cfg: Any, hf_config: dict[s
         device=str(placement.device),
         eos_token_ids=eos_token_ids(model_dir, hf_config),
         identity=model_identity(model_dir),
-        layer_windows=layer_windows(cfg),
+        layer_windows=layer_windows(cfg) if windows is None else windows,
     )

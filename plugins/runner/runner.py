@@ -58,7 +58,7 @@ class TorchModelRunner:
         # itself): Granite divides by logits_scaling, Cohere multiplies by logit_scale.
         self.logit_mult = _logit_multiplier(model, hf_config)
         self.sampler = sampler
-        self.spec = build_spec(model_dir, config, hf_config, hf_json, p)
+        self.spec = build_spec(model_dir, config, hf_config, hf_json, p, self.probe_layer_windows(hf_config))
         self.groups = kv_groups(self.spec.layer_windows, self.spec.num_layers)
         self.group_size = max(len(g.layers) for g in self.groups)
         self.layer_group = [0] * self.spec.num_layers
@@ -72,6 +72,29 @@ class TorchModelRunner:
         self._bound = threading.local()   # binding is per OS thread: anyio may hand execute() a new worker
         log.info("loaded %s on %s (%s, kv %s) in %.1fs", model_dir, p.device, p.dtype, p.kv_dtype,
                  time.perf_counter() - t0)
+
+    def probe_layer_windows(self, hf_config: Any) -> tuple[int, ...]:
+        """Each layer's sliding window (0: full) as the model itself passes it to attention, from one
+        two-token forward that records and computes nothing in attention.
+
+        NOTE: observed, not read from the config: a stray `sliding_window` key in a config.json of a family
+        that ignores it must not make the KV policy free blocks a layer still reads. A layer that never
+        calls attention (state-space or recurrent layers) keeps state this runner does not page: refused.
+        """
+        n = int(hf_config.num_hidden_layers)
+        seen: dict[int, int] = {}
+        dev = self.placement.device
+        step = StepBatch(input_ids=torch.tensor([[1, 2]], device=dev), positions=torch.tensor([[0, 1]], device=dev),
+                         slot_mapping=torch.zeros(2, dtype=torch.long, device=dev), sample_rows=None, num_sampled=0,
+                         num_paged=0, scratch={"probe_windows": seen})
+        step.kv = [(torch.empty(0), torch.empty(0))] * n
+        with torch.inference_mode():
+            self.base(input_ids=step.input_ids, position_ids=step.positions, use_cache=False, modelcall_step=step)
+        missing = [i for i in range(n) if i not in seen]
+        if missing:
+            raise ConfigError(f"{type(self.model).__name__}: layers {missing[:8]} do not call attention (state-space "
+                              "or recurrent layers?); the torch runner pages attention K/V only")
+        return tuple(seen[i] for i in range(n))
 
     # ---- KV cache -----------------------------------------------------------------------------
 
