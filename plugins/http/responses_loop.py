@@ -42,6 +42,8 @@ async def run_loop(ctx: ServingContext, plan: Plan, builder: OutputBuilder, tool
     while True:
         offer_hosted = hosted_runs < plan.max_tool_calls
         tools = plan.functions + ([t.openai() for t in plan.hosted.values()] if offer_hosted else [])
+        if plan.tool_choice == "none":
+            tools = []  # as chat: tool_choice none renders no tool definitions at all
         choice = plan.tool_choice
         if out.passes > 0 and plan.forced:
             choice = "auto"  # NOTE: forcing again after a hosted result would loop until max_tool_calls
