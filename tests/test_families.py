@@ -275,3 +275,37 @@ async def test_a_stray_sliding_window_key_in_a_family_that_ignores_it_frees_noth
         done = await kernel.complete(prompt_token_ids=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0,
                                      ignore_eos=True)
     assert done.token_ids == ref
+
+
+def test_a_prefix_hit_needs_only_the_window_blocks_of_a_sliding_group():
+    """A sliding group's blocks before the window may be reused by others: the hit still counts (as
+    vLLM's hybrid allocator does), with those entries RELEASED; a full group needs every block."""
+    from modelcall.core import Request, SamplingParams
+    from modelcall.plugins.kv_cache import PagedKVCache
+    from modelcall.plugins.kv_cache.policy import RELEASED
+
+    prompt = list(range(100, 141))   # 41 tokens: 10 full blocks of 4
+    for windows, want in (((8,), 40), ((0, 8), 0)):
+        kv = PagedKVCache(64, 4, group_windows=windows, max_chunk=8)
+        first = Request("a", prompt, SamplingParams(), max_tokens=1)
+        while first.num_computed_tokens < len(prompt):
+            n = min(8, len(prompt) - first.num_computed_tokens)
+            assert kv.allocate(first, n)
+            first.num_computed_tokens += n
+            kv.commit(first)
+        kv.free(first)
+        evicted = kv.pool.block_hash[:]
+        filler = Request("f", list(range(500, 600)), SamplingParams(), max_tokens=1)
+        while kv.pool.lookup(first.block_hashes[0]) is not None:   # reuse blocks until the first is gone
+            assert kv.allocate(filler, 4)
+            filler.num_computed_tokens += 4
+        assert evicted != kv.pool.block_hash
+        again = Request("b", prompt, SamplingParams(), max_tokens=1)
+        hit = kv.match_prefix(again)
+        if windows == (8,):
+            assert hit == want and again.block_table[0] == RELEASED and RELEASED not in again.block_table[-2:]
+        else:
+            assert hit == want   # the full group lost block 0: no hit at all
+        kv.free(again)
+        kv.free(filler)
+        assert kv.num_free_blocks() == 64

@@ -71,19 +71,24 @@ class PagedKVCache:
         # new request that is the last prompt token; after preemption, the last output token.
         max_blocks = (request.num_tokens - 1) // self.block_size
         hashes = extend_block_hashes(request, max_blocks, self.block_size, self.identity)
-        found: list[list[int]] = []
-        for g in range(len(self.group_windows)):   # a hit needs every group's block (each holds other layers)
-            hits: list[int] = []
-            for i in range(max_blocks):
-                block = self.pool.lookup(self._key(g, hashes[i]))
-                if block is None:
-                    break
-                hits.append(block)
-            max_blocks = len(hits)
-            found.append(hits)
-        for table, hits in zip(self.tables(request), found):
-            table[:] = hits[:max_blocks]
-            self.pool.touch(table)
+        # NOTE: a hit of k blocks needs, from a full group, blocks 0..k-1; from a sliding group only the
+        # ones the next query (position k * block_size) still sees: the others may be long reused.
+        lookup = self.pool.lookup
+        full = [g for g, w in enumerate(self.group_windows) if not w]
+        for g in full:
+            k = 0
+            while k < max_blocks and lookup(self._key(g, hashes[k])) is not None:
+                k += 1
+            max_blocks = k
+        sliding = [(g, w) for g, w in enumerate(self.group_windows) if w]
+        while max_blocks > 0 and not all(lookup(self._key(g, hashes[i])) is not None for g, w in sliding
+                                         for i in range(self._first_seen(max_blocks, w), max_blocks)):
+            max_blocks -= 1   # every sliding group's window blocks, for one and the same k
+        for g, (w, table) in enumerate(zip(self.group_windows, self.tables(request))):
+            first = self._first_seen(max_blocks, w) if w else 0
+            hits = [lookup(self._key(g, hashes[i])) for i in range(first, max_blocks)]
+            self.pool.touch(hits)
+            table[:] = [RELEASED] * first + hits
         num_hit_tokens = max_blocks * self.block_size
         self.num_queries += request.num_tokens
         self.num_hits += num_hit_tokens
@@ -157,6 +162,10 @@ class PagedKVCache:
             self.pool.release(b for b in reversed(table) if b != RELEASED)
             table.clear()
         request.block_table = []
+
+    def _first_seen(self, num_blocks: int, window: int) -> int:
+        """The first block a query at position num_blocks * block_size reads with `window`."""
+        return max(0, (num_blocks * self.block_size - window + 1) // self.block_size)
 
     def _release_out_of_window(self, request: Request, table: list[int], window: int) -> None:
         """Give back the blocks of `table` no later query of `request` reads.
