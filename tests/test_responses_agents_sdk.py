@@ -19,6 +19,7 @@ from http_server import ServerThread
 from openai import AsyncOpenAI
 from pydantic import Field
 
+from modelcall.core import hookimpl
 from modelcall.events import RequestAdmitted
 from modelcall.plugins.http.settings import ServerSettings
 from modelcall.testing.collector import EventCollector
@@ -91,3 +92,55 @@ def test_agents_sdk_default_model_runs_a_function_tool_agent(server, collector, 
     assert len(collector.of(RequestAdmitted)) == before + 1  # one model request, made through /v1/responses
     if streamed:
         assert "response.function_call_arguments.delta" in kinds and kinds.count("response.completed") == 1
+
+
+class _Clock:
+    """A plugin hosting one Python tool on the server (label "py")."""
+
+    modelcall_plugin_name = "test.agents_clock"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @hookimpl
+    def register_server_tools(self, register):
+        def clock(zone: str = "UTC") -> str:
+            """The time in a zone."""
+            self.calls += 1
+            return f"12:00 {zone}"
+
+        register(clock, server_label="py")
+
+
+def test_agents_sdk_hosted_mcp_tool_runs_on_the_server():
+    """The SDK's HostedMCPTool: the server runs the call inside the model request (a scripted model writes
+    the call; with max_tool_calls 1 the second pass is offered no tool and answers), the SDK only reads
+    the mcp_call item."""
+    from agents import HostedMCPTool
+
+    from modelcall.testing.scripted import ScriptedSampler
+
+    sampler, clock = ScriptedSampler(), _Clock()
+    with ServerThread(ServerSettings(port=0), plugins=(sampler, clock), max_model_len=2048, num_kv_blocks=512) as s:
+        sampler.say(s.kernel.tokenizer.encode('<tool_call>\n{"name": "py__clock", "arguments": {"zone": "CET"}}\n'
+                                              '</tool_call>'))
+
+        async def go():
+            client = AsyncOpenAI(base_url=s.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+            set_tracing_disabled(True)
+            agent = Agent(name="clock", instructions="Tell the time.", model="demo-model-1", tools=[HostedMCPTool(
+                tool_config={"type": "mcp", "server_label": "py", "server_url": "unused", "require_approval": "never"})],
+                model_settings=ModelSettings(max_tokens=200, extra_body={"max_tool_calls": 1}))
+            result = await Runner.run(agent, "What time is it?",
+                                      run_config=RunConfig(model_provider=OpenAIProvider(openai_client=client)))
+            await client.close()
+            return result
+
+        result = asyncio.run(go())
+    assert clock.calls == 1
+    [raw] = result.raw_responses
+    assert [o.type for o in raw.output] == ["mcp_list_tools", "mcp_call", "message"]
+    call = raw.output[1]
+    assert (call.server_label, call.name, call.output, call.status) == ("py", "clock", "12:00 CET", "completed")
+    assert any(getattr(i.raw_item, "type", None) == "mcp_call" for i in result.new_items)
+    assert result.final_output  # the second pass's answer
