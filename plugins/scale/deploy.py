@@ -82,6 +82,8 @@ def replica_ids() -> list[str]:
 def shutdown() -> None:
     import ray
 
+    if not ray.is_initialized():  # NOTE: serve.shutdown() would start a new local cluster to shut down
+        return
     try:
         import_serve().shutdown()
     finally:

@@ -25,7 +25,7 @@ from modelcall.events import EventBus, Finished, RequestFailed, TokensEmitted, U
 from modelcall.events.codec import from_msgpack
 from modelcall.events.types import TERMINAL_EVENTS, Timings
 from modelcall.plugins.scale import deploy, wire
-from modelcall.plugins.scale.router import RouteKey
+from modelcall.plugins.scale.ranking import RouteKey
 from modelcall.plugins.scale.series import ReplicaSeries
 
 log = logging.getLogger("modelcall.scale")

@@ -7,7 +7,7 @@ from typing import Any
 
 from modelcall.events import Finished, RequestAdmitted, RequestFailed, TokensEmitted
 
-P = "modelcall_replica_"
+P = "modelcall:replica_"
 
 
 class ReplicaSeries:

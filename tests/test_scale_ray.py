@@ -1,0 +1,301 @@
+"""Replicas on Ray Serve (plugins/scale): two kernel replicas of the demo model on a local Ray
+cluster behind the real aiohttp front end, driven by the real OpenAI SDK and raw SSE streams.
+
+One cluster for the module (starting Ray and two replicas is most of its time); the tests run in
+order and the last ones take replicas away (a kill, then the drain).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import shutil
+import sqlite3
+import tempfile
+import threading
+import time
+from typing import Any
+
+import pytest
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("ray.serve")
+
+import requests  # noqa: E402
+import openai  # noqa: E402
+from aiohttp import web  # noqa: E402
+
+from modelcall.core import Kernel, KernelConfig  # noqa: E402
+from modelcall.plugins.http.app import create_app  # noqa: E402
+from modelcall.plugins.scale import deploy  # noqa: E402
+from modelcall.plugins.scale.remote import REPLICA_HEADER, RemoteKernel  # noqa: E402
+
+BLOCKED = ("server_tools",)  # no MCP servers here; keeps the replicas' start-up to the kernel itself
+SYSTEMS = [f"You are assistant number {i}. " + "Answer briefly and politely, in plain words. " * 6
+           for i in range(8)]
+
+
+def config(model_dir: str, ledger: str) -> KernelConfig:
+    return KernelConfig(model=model_dir, max_model_len=512, num_kv_blocks=256,
+                        plugin_config={"ledger": {"path": ledger}})
+
+
+class ReplicatedServer:
+    """RemoteKernel (two replicas) + the app on loopback, on an event loop in a thread of its own."""
+
+    def __init__(self, cfg: KernelConfig) -> None:
+        self.kernel = RemoteKernel(cfg, blocked=BLOCKED, num_replicas=2, num_cpus=2)
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        self._up = threading.Event()
+        self._error: BaseException | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ReplicatedServer:
+        self._thread.start()
+        self._up.wait(240)
+        if self._error is not None:
+            raise self._error
+        assert self.port, "the replicated server did not start within 240 s"
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._stop is not None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(60)
+
+    def call(self, coro: Any, timeout: float = 60) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._serve())
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        try:
+            await self.kernel.start()
+            runner = web.AppRunner(create_app(self.kernel), handler_cancellation=True)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            self.port = runner.addresses[0][1]
+        except BaseException as e:
+            self._error = e
+            self._up.set()
+            await self.kernel.stop()
+            return
+        self._up.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await runner.cleanup()
+            await self.kernel.stop()
+
+
+@pytest.fixture(scope="module")
+def server(demo_model_dir: str) -> Any:
+    tmp = tempfile.mkdtemp(prefix="mcscale-", dir="/tmp")
+    saved = {k: os.environ.get(k) for k in ("HOME", "TMPDIR", "RAY_TMPDIR", "RAY_USAGE_STATS_ENABLED")}
+    # NOTE: Ray writes its session, logs and sockets under HOME/TMPDIR: all in one temp dir, removed after.
+    os.environ.update(HOME=tmp, TMPDIR=tmp, RAY_TMPDIR=tmp, RAY_USAGE_STATS_ENABLED="0")
+    cov = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("COV_CORE_")}  # no coverage in workers
+    t0 = time.monotonic()
+    try:
+        with ReplicatedServer(config(demo_model_dir, os.path.join(tmp, "ledger.sqlite3"))) as s:
+            s.started_s = time.monotonic() - t0
+            s.ledger = os.path.join(tmp, "ledger.sqlite3")
+            s.model_dir = demo_model_dir
+            yield s
+    finally:
+        try:
+            deploy.shutdown()  # idempotent: also when the server failed half-way
+        finally:
+            for k, v in {**saved, **cov}.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def chat(client: openai.OpenAI, system: str, user: str, max_tokens: int = 4) -> tuple[str, Any]:
+    raw = client.chat.completions.with_raw_response.create(
+        model=client.models.list().data[0].id, messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
+        max_tokens=max_tokens, temperature=0)
+    return raw.headers[REPLICA_HEADER], raw.parse()
+
+
+def replica_stats(server: ReplicatedServer) -> dict[str, dict]:
+    return server.call(server.kernel.replica_stats())
+
+
+def test_shared_prefixes_stay_on_one_replica_hit_its_cache_and_match_one_kernel(server: ReplicatedServer) -> None:
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    name = server.kernel.model_name
+    client.chat.completions.with_raw_response  # noqa: B018 - the SDK itself, no stubs
+    asks = [(i, f"question {r} about topic {i}?") for r in range(4) for i in range(len(SYSTEMS))]
+    seen: dict[int, list[str]] = collections.defaultdict(list)
+    cached: dict[tuple[int, str], int] = {}
+    served_by: dict[tuple[int, str], str] = {}
+
+    def one(ask: tuple[int, str]) -> None:
+        i, q = ask
+        raw = client.chat.completions.with_raw_response.create(
+            model=name, messages=[{"role": "system", "content": SYSTEMS[i]}, {"role": "user", "content": q}],
+            max_tokens=4, temperature=0)
+        seen[i].append(raw.headers[REPLICA_HEADER])
+        served_by[(i, q)] = raw.headers[REPLICA_HEADER]
+        cached[(i, q)] = raw.parse().usage.prompt_tokens_details.cached_tokens
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:  # a round of 8 prompts, 4 at a time; rounds in order
+        for r in range(4):
+            list(pool.map(one, asks[r * len(SYSTEMS):(r + 1) * len(SYSTEMS)]))
+    on_home = sum(collections.Counter(v).most_common(1)[0][1] for v in seen.values())
+    assert on_home / len(asks) >= 0.95, dict(seen)
+    replicas = {r for v in seen.values() for r in v}
+    assert len(replicas) == 2, f"both replicas should take work: {dict(seen)}"
+    repeats = [cached[a] for a in asks[len(SYSTEMS):]]
+    assert sum(c > 0 for c in repeats) / len(repeats) >= 0.90, repeats
+
+    # The same requests, in the same order, on one kernel: the same cached tokens each.
+    async def one_kernel() -> dict[tuple[int, str], int]:
+        out = {}
+        cfg = KernelConfig(model=server.model_dir, max_model_len=512, num_kv_blocks=256)
+        async with Kernel(cfg, blocked=BLOCKED) as k:
+            for r in range(4):
+                for i, q in asks[r * len(SYSTEMS):(r + 1) * len(SYSTEMS)]:
+                    done = await k.complete(messages=[{"role": "system", "content": SYSTEMS[i]},
+                                                      {"role": "user", "content": q}], max_tokens=4, temperature=0)
+                    out[(i, q)] = done.usage.cached_tokens
+        return out
+
+    # Every request served by its prefix's home replica (all but the <= 5% the router spread) reports
+    # exactly what one kernel reports for it.
+    home = {i: collections.Counter(v).most_common(1)[0][0] for i, v in seen.items()}
+    on_one = asyncio.run(one_kernel())
+    at_home = [a for a in asks if served_by[a] == home[a[0]]]
+    assert len(at_home) >= 0.95 * len(asks)
+    assert {a: cached[a] for a in at_home} == {a: on_one[a] for a in at_home}
+    assert sum(on_one[a] > 0 for a in asks[len(SYSTEMS):]) == len(asks) - len(SYSTEMS)  # the reference hits
+
+
+def test_one_metrics_and_one_ledger_cover_every_replica(server: ReplicatedServer) -> None:
+    text = requests.get(server.url + "/metrics", timeout=60).text
+    per_replica = {}
+    for line in text.splitlines():
+        if line.startswith("modelcall:replica_requests_total{"):
+            rid = line.split('replica="', 1)[1].split('"', 1)[0]
+            per_replica[rid] = float(line.rsplit(" ", 1)[1])
+    assert len(per_replica) == 2 and sum(per_replica.values()) >= 32, per_replica
+    assert 'modelcall:replica_kv{' in text and 'stat="num_free_blocks"' in text
+    # The front end's own series (the metrics plugin) count every replica's requests: the sums agree.
+    def total(prefix: str) -> float:
+        return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(prefix + "{"))
+
+    assert total("modelcall:cached_prompt_tokens_total") == total("modelcall:replica_cached_tokens_total") > 0
+    assert total("modelcall:prompt_tokens_total") == total("modelcall:replica_prompt_tokens_total") > 0
+    deadline = time.monotonic() + 10
+    while True:  # the ledger writes through its own queue
+        with sqlite3.connect(server.ledger) as conn:
+            rows = conn.execute("SELECT count(*), sum(cached_tokens > 0) FROM requests WHERE status = 200").fetchone()
+        if rows[0] >= 32 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert rows[0] >= 32 and rows[1] >= 24, rows
+
+
+def stream_chat(url: str, system: str, max_tokens: int, got: list, stop_after: int | None = None) -> None:
+    """One streamed chat; appends ('header', replica), then ('token', n) / ('error', msg) / ('done', n)."""
+    body = {"model": "demo-model-1", "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": "go on"}]}
+    n = 0
+    try:
+        with requests.post(url + "/v1/chat/completions", json=body, timeout=120, stream=True) as r:
+            got.append(("header", r.headers.get(REPLICA_HEADER), r.status_code))
+            for line in r.iter_lines(decode_unicode=True):
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    got.append(("error", chunk["error"]["message"]))
+                    return
+                if chunk.get("choices") and chunk["choices"][0]["delta"].get("content") is not None:
+                    n += 1
+                    got.append(("token", n))
+                    if stop_after is not None and n >= stop_after:
+                        return  # leaving the with-block closes the connection: the client is gone
+        got.append(("done", n))
+    except requests.RequestException as e:
+        got.append(("error", f"{type(e).__name__}: {e}"))
+
+
+def test_a_client_that_leaves_aborts_its_request_on_the_replica(server: ReplicatedServer) -> None:
+    got: list = []
+    stream_chat(server.url, SYSTEMS[0], 300, got, stop_after=3)
+    home = got[0][1]
+    deadline = time.monotonic() + 20
+    while True:
+        s = replica_stats(server)[home]
+        if s["unfinished"] == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert s["unfinished"] == 0 and s["kv"]["num_free_blocks"] == s["kv"]["num_blocks"], s
+    assert server.kernel.stats()["unfinished"] == 0
+
+
+def test_a_killed_replica_fails_its_streams_cleanly_and_the_survivor_takes_new_work(server: ReplicatedServer) -> None:
+    home = chat(openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0), SYSTEMS[1], "hi")[0]
+    streams = [[] for _ in range(4)]
+    threads = [threading.Thread(target=stream_chat, args=(server.url, SYSTEMS[1], 300, g)) for g in streams]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while not all(len(g) >= 3 for g in streams) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(g[0][1] == home for g in streams), streams
+    survivor = next(r for r in replica_stats(server) if r != home)
+    ray.kill(ray.get_actor(f"SERVE_REPLICA::{deploy.APP}#{deploy.DEPLOYMENT}#{home}", namespace="serve"),
+             no_restart=True)
+    for t in threads:
+        t.join(90)
+    for g in streams:  # each in-flight stream ends with an error event naming what happened, none hangs
+        assert g[-1][0] == "error" and "replica" in g[-1][1], g[-3:]
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    after = [chat(client, SYSTEMS[1], f"again {i}")[0] for i in range(4)]
+    assert home not in after, after
+    assert survivor in after, after
+    deadline = time.monotonic() + 20
+    while True:  # nothing leaks: on the survivor, and in the front end (no request left in flight)
+        s = replica_stats(server).get(survivor, {})
+        if (s.get("unfinished") == 0 and server.kernel.stats()["unfinished"] == 0) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert s["unfinished"] == 0 and s["running"] == 0 and s["waiting"] == 0, s
+    assert s["kv"]["num_free_blocks"] == s["kv"]["num_blocks"], s["kv"]
+    assert server.kernel.stats()["unfinished"] == 0 and not server.kernel.bus._streams  # noqa: SLF001
+
+
+def test_drain_refuses_new_requests_everywhere_and_lets_running_ones_finish(server: ReplicatedServer) -> None:
+    got: list = []
+    t = threading.Thread(target=stream_chat, args=(server.url, SYSTEMS[2], 24, got))
+    t.start()
+    deadline = time.monotonic() + 60
+    while len(got) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    drained = server.call(server.kernel.drain(60.0), timeout=90)
+    t.join(60)
+    assert drained and got[-1] == ("done", 24), got[-3:]
+    r = requests.post(server.url + "/v1/chat/completions", timeout=30,
+                   json={"model": "demo-model-1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert r.status_code == 503 and r.json()["error"]["message"], r.text
+    assert all(not s["ready"] for s in replica_stats(server).values())
+    assert requests.get(server.url + "/ready", timeout=10).status_code == 503
