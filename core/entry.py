@@ -26,7 +26,7 @@ from modelcall.core.errors import (
 from modelcall.core.metering import Admission, Caller, Exchange, tool_names
 from modelcall.core.params import SamplingParams
 from modelcall.core.permissions import cache_salt, check_model, check_tools, effective_priority
-from modelcall.core.prompt import prompt_token_ids_of, resolve_max_tokens
+from modelcall.core.prompt import chat_token_ids, prompt_token_ids_of, resolve_max_tokens
 from modelcall.core.safety import check_input
 from modelcall.events import RequestRejected
 
@@ -87,10 +87,17 @@ class Entry:
             caller = self._caller(inp)
             step = "validate"
             params, policy = self._validate(inp)
-            step = "render"  # rendering and tokenizing run together in worker threads
-            ids = await self._tokens(inp)
-            step = "context budget"
-            max_tokens, parts, context, ids = await self._budget(inp, ids, params, policy)
+            step = "render"  # render, tokenize (and for chat the budget) share one worker-thread hop
+            if inp.messages is not None and inp.prompt is None and inp.prompt_token_ids is None:
+                at = [step]
+                try:
+                    max_tokens, parts, context, ids = await self._chat(inp, params, policy, at)
+                finally:
+                    step = at[0]
+            else:
+                ids = await self._tokens(inp)
+                step = "context budget"
+                max_tokens, parts, context = self._budget(ids, params), None, None
             step = "input filters"
             await self._filter_input(inp, ids)
             step = "permissions"
@@ -173,25 +180,45 @@ class Entry:
                                              inp.prompt_token_ids, inp.chat_template_kwargs)
         except ModelcallError:
             raise
-        except Exception as e:  # a template's raise_exception, odd unicode: the input's fault, never a 500
-            if isinstance(e, (ValueError, TypeError, UnicodeError, LookupError)) or _is_template_error(e):
-                raise InvalidRequest(f"the prompt could not be prepared: {type(e).__name__}: {e}",
-                                     field="messages" if inp.messages is not None else "prompt") from e
-            raise
+        except Exception as e:
+            err = _input_error(e, inp)
+            if err is e:
+                raise
+            raise err from e
 
-    async def _budget(self, inp: EntryInput, ids: list[int], params: SamplingParams, policy: str
-                      ) -> tuple[int, dict[str, int] | None, dict[str, Any] | None, list[int]]:
+    async def _chat(self, inp: EntryInput, params: SamplingParams, policy: str, at: list[str]
+                    ) -> tuple[int, dict[str, int] | None, dict[str, Any] | None, list[int]]:
+        """render → tokenize → context budget of a chat prompt, in one worker-thread hop; `at[0]`
+        follows the step (so a refusal names the right one)."""
         k = self.kernel
-        if inp.messages is None:
-            return resolve_max_tokens(len(ids), params, k.window, k.kv), None, None, ids
-        tok, budget = k.tokenizer, (lambda n: resolve_max_tokens(n, params, k.window, k.kv))
-        messages, tools, kw = inp.messages, inp.tools, inp.chat_template_kwargs
-        chat = await anyio.to_thread.run_sync(lambda: admit_chat(tok, messages, tools, kw, ids, budget, policy))
+        tok, messages, tools, kw = k.tokenizer, inp.messages, inp.tools, inp.chat_template_kwargs
+        assert messages is not None
+
+        def work() -> Any:
+            try:
+                ids = chat_token_ids(tok, messages, tools, kw)
+            except ModelcallError:
+                raise
+            except Exception as e:
+                err = _input_error(e, inp)
+                if err is e:
+                    raise
+                raise err from e
+            at[0] = "context budget"
+            return admit_chat(tok, messages, tools, kw, ids,
+                              lambda n: resolve_max_tokens(n, params, k.window, k.kv), policy)
+
+        chat = await anyio.to_thread.run_sync(work)
         context = None
         if chat.dropped_messages:
             context = {"policy": policy, "dropped_messages": chat.dropped_messages,
                        "dropped_tokens": chat.dropped_tokens}
         return chat.max_tokens, chat.parts, context, chat.ids
+
+    def _budget(self, ids: list[int], params: SamplingParams) -> int:
+        """The context budget of a text or token-id prompt (a chat prompt's is in `_chat`)."""
+        k = self.kernel
+        return resolve_max_tokens(len(ids), params, k.window, k.kv)
 
     async def _filter_input(self, inp: EntryInput, ids: list[int]) -> None:
         k = self.kernel
@@ -268,6 +295,15 @@ async def _decoded(tok: Any, ids: list[int]) -> list[str]:
         return [kept] if skipped == kept else [kept, skipped]
 
     return decode() if len(ids) <= INLINE_DECODE else await anyio.to_thread.run_sync(decode)
+
+
+def _input_error(e: Exception, inp: EntryInput) -> Exception:
+    """A template's raise_exception or odd unicode is the input's fault (InvalidRequest, never a
+    500); anything else (a bug) is returned unchanged."""
+    if isinstance(e, (ValueError, TypeError, UnicodeError, LookupError)) or _is_template_error(e):
+        return InvalidRequest(f"the prompt could not be prepared: {type(e).__name__}: {e}",
+                              field="messages" if inp.messages is not None else "prompt")
+    return e
 
 
 def _is_template_error(e: BaseException) -> bool:

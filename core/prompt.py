@@ -30,11 +30,7 @@ async def prompt_token_ids_of(tokenizer: Tokenizer, vocab_size: int, prompt: str
             raise InvalidRequest(f"token id {bad!r} is outside the vocabulary [0, {vocab_size})", field="prompt_token_ids")
         out = list(ids)
     elif messages is not None:
-        if not messages:
-            raise InvalidRequest("messages must not be empty", field="messages")
-        # NOTE: render and encode in one worker-thread hop (each hop costs more than a short encode)
-        out = await anyio.to_thread.run_sync(lambda: tokenizer.encode(tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, **(template_kwargs or {}))))
+        out = await anyio.to_thread.run_sync(lambda: chat_token_ids(tokenizer, messages, tools, template_kwargs))
     else:
         if not isinstance(prompt, str):
             raise InvalidRequest("prompt must be a string", field="prompt")
@@ -43,6 +39,19 @@ async def prompt_token_ids_of(tokenizer: Tokenizer, vocab_size: int, prompt: str
             await anyio.to_thread.run_sync(tokenizer.encode, prompt)
     if not out:
         raise InvalidRequest("the prompt is empty (0 tokens)", field="prompt" if messages is None else "messages")
+    return out
+
+
+def chat_token_ids(tokenizer: Tokenizer, messages: list[dict], tools: list[dict] | None,
+                   template_kwargs: dict | None) -> list[int]:
+    """Chat messages rendered with the model's template and encoded (blocking: the caller picks the
+    thread; render and encode share one hop, each hop costs more than a short encode)."""
+    if not messages:
+        raise InvalidRequest("messages must not be empty", field="messages")
+    out = tokenizer.encode(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                                         **(template_kwargs or {})))
+    if not out:
+        raise InvalidRequest("the prompt is empty (0 tokens)", field="messages")
     return out
 
 
