@@ -12,6 +12,8 @@ import torch
 
 from http_server import ServerThread
 
+# NOTE: before lm-eval imports datasets (which reads it once): local files only, never the hub.
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 lm_eval = pytest.importorskip("lm_eval", reason="lm-eval[api] is in the test extra")
 
 QUESTIONS = [
@@ -68,8 +70,6 @@ def tasks(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(demo_model_dir):
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with ServerThread(dtype="float32", max_model_len=1024) as s:
         yield s
 
