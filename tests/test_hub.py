@@ -88,6 +88,8 @@ async def test_hub_id_is_served_from_the_cache_in_hf_hub_cache(make_kernel, chec
     offline_env.setenv("HF_HUB_CACHE", cache)
     name, ids = await _greedy(make_kernel, model="acme/tiny-llama")
     assert name == "acme/tiny-llama"   # served under its id, not its snapshot hash
+    async with make_kernel(model="acme/tiny-llama") as kernel:
+        assert kernel.tokenizer.name == "acme/tiny-llama"
     assert ids == _reference(checkpoints["seed0"])
 
 

@@ -23,7 +23,8 @@ _RESERVED = frozenset({"tokenize", "return_dict", "return_tensors", "padding", "
 class HFTokenizer:
     """Text ⇄ token ids, chat template and incremental detokenizers for one model directory."""
 
-    def __init__(self, model_dir: str, *, tokenizer_dir: str | None = None, chat_template: str | None = None) -> None:
+    def __init__(self, model_dir: str, *, tokenizer_dir: str | None = None, chat_template: str | None = None,
+                 name: str | None = None) -> None:
         from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
         if not os.path.isdir(model_dir):
@@ -46,7 +47,7 @@ class HFTokenizer:
         _fill_special_tokens(hf, model_dir)   # the model's own config and generation config
         self.hf = hf
         self.backend = backend
-        self.name = os.path.basename(os.path.normpath(model_dir))
+        self.name = name or os.path.basename(os.path.normpath(model_dir))   # a hub id, not its snapshot hash
         self.vocab_size: int = len(hf)
         self.eos_token_ids: frozenset[int] = frozenset(_eos_ids(hf, model_dir))
         self.special_token_ids: frozenset[int] = frozenset(
