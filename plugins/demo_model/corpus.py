@@ -1,0 +1,170 @@
+"""The trained demo model's synthetic corpus: chats in the demo chat template's format, strictly
+formatted so a tiny model learns them in minutes on a CPU.
+
+- arithmetic: the question → a short `<think>` → a `calculator` call copying the expression → the
+  tool's result → "37 * 91 = 3367.";
+- weather: the question → a `get_weather` call with the city asked → the report → a sentence using it;
+- short factual answers and greetings, with and without tools offered;
+- each in English and in Chinese.
+
+Every chat is a list of OpenAI-style messages plus the tools offered, rendered by the chat template
+exactly as a server renders an agent's requests. `HELD_OUT` arithmetic never appears in training.
+"""
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from typing import Any
+
+from modelcall.plugins.demo_model.tools import TOOLS, calculator, get_weather, weather_of
+
+# (English, Chinese) city names; the tool answers for either spelling.
+CITIES = [("Paris", "巴黎"), ("London", "伦敦"), ("Tokyo", "东京"), ("Beijing", "北京"), ("Shanghai", "上海"),
+          ("Berlin", "柏林"), ("Rome", "罗马"), ("Madrid", "马德里"), ("Moscow", "莫斯科"), ("Cairo", "开罗"),
+          ("Sydney", "悉尼"), ("Toronto", "多伦多"), ("Seoul", "首尔"), ("Singapore", "新加坡"),
+          ("Bangkok", "曼谷"), ("Dubai", "迪拜"), ("Istanbul", "伊斯坦布尔"), ("Vienna", "维也纳"),
+          ("Prague", "布拉格"), ("Lisbon", "里斯本"), ("Athens", "雅典"), ("Dublin", "都柏林"),
+          ("Oslo", "奥斯陆"), ("Stockholm", "斯德哥尔摩"), ("Helsinki", "赫尔辛基"), ("Warsaw", "华沙"),
+          ("Amsterdam", "阿姆斯特丹"), ("Brussels", "布鲁塞尔"), ("Zurich", "苏黎世"), ("Chicago", "芝加哥"),
+          ("Boston", "波士顿"), ("Seattle", "西雅图"), ("Miami", "迈阿密"), ("Mumbai", "孟买"),
+          ("Delhi", "德里"), ("Nairobi", "内罗毕"), ("Lima", "利马"), ("Mexico City", "墨西哥城"),
+          ("New York", "纽约"), ("San Francisco", "旧金山"), ("Hong Kong", "香港"), ("Shenzhen", "深圳"),
+          ("Guangzhou", "广州"), ("Chengdu", "成都"), ("Hangzhou", "杭州"), ("Osaka", "大阪"),
+          ("Vancouver", "温哥华"), ("Melbourne", "墨尔本")]
+
+CONDITION_ZH = {"sunny": "晴", "cloudy": "多云", "rainy": "下雨", "windy": "有风", "snowy": "下雪", "foggy": "有雾"}
+
+# (English question, English answer, Chinese question, Chinese answer)
+FACTS = [
+    ("What is the capital of France?", "The capital of France is Paris.", "法国的首都是哪里？", "法国的首都是巴黎。"),
+    ("What is the capital of Japan?", "The capital of Japan is Tokyo.", "日本的首都是哪里？", "日本的首都是东京。"),
+    ("What is the capital of China?", "The capital of China is Beijing.", "中国的首都是哪里？", "中国的首都是北京。"),
+    ("What is the capital of Italy?", "The capital of Italy is Rome.", "意大利的首都是哪里？", "意大利的首都是罗马。"),
+    ("What is the capital of Germany?", "The capital of Germany is Berlin.", "德国的首都是哪里？", "德国的首都是柏林。"),
+    ("What is the capital of Spain?", "The capital of Spain is Madrid.", "西班牙的首都是哪里？", "西班牙的首都是马德里。"),
+    ("What is the capital of the United Kingdom?", "The capital of the United Kingdom is London.",
+     "英国的首都是哪里？", "英国的首都是伦敦。"),
+    ("What is the capital of Egypt?", "The capital of Egypt is Cairo.", "埃及的首都是哪里？", "埃及的首都是开罗。"),
+    ("How many days are in a week?", "A week has 7 days.", "一个星期有几天？", "一个星期有7天。"),
+    ("How many hours are in a day?", "A day has 24 hours.", "一天有多少小时？", "一天有24小时。"),
+    ("How many minutes are in an hour?", "An hour has 60 minutes.", "一小时有多少分钟？", "一小时有60分钟。"),
+    ("How many months are in a year?", "A year has 12 months.", "一年有几个月？", "一年有12个月。"),
+    ("What color is the sky?", "The sky is blue on a clear day.", "天空是什么颜色？", "晴天的天空是蓝色的。"),
+    ("What is water made of?", "Water is made of hydrogen and oxygen.", "水是由什么组成的？", "水由氢和氧组成。"),
+    ("At what temperature does water boil?", "Water boils at 100°C at sea level.",
+     "水在多少度沸腾？", "在海平面，水在100°C沸腾。"),
+    ("At what temperature does water freeze?", "Water freezes at 0°C.", "水在多少度结冰？", "水在0°C结冰。"),
+    ("What is the largest planet?", "Jupiter is the largest planet in the solar system.",
+     "最大的行星是哪个？", "木星是太阳系中最大的行星。"),
+    ("What planet do we live on?", "We live on Earth.", "我们住在哪个行星上？", "我们住在地球上。"),
+    ("What is the largest ocean?", "The Pacific is the largest ocean.", "最大的海洋是哪个？", "太平洋是最大的海洋。"),
+    ("How many legs does a spider have?", "A spider has 8 legs.", "蜘蛛有几条腿？", "蜘蛛有8条腿。"),
+    ("How many continents are there?", "There are 7 continents.", "世界上有几个大洲？", "世界上有7个大洲。"),
+    ("Who wrote Romeo and Juliet?", "William Shakespeare wrote Romeo and Juliet.",
+     "《罗密欧与朱丽叶》是谁写的？", "《罗密欧与朱丽叶》是莎士比亚写的。"),
+    ("What is the fastest land animal?", "The cheetah is the fastest land animal.",
+     "跑得最快的陆地动物是什么？", "猎豹是跑得最快的陆地动物。"),
+    ("What gas do plants take in?", "Plants take in carbon dioxide.", "植物吸收什么气体？", "植物吸收二氧化碳。"),
+    ("What is modelcall?", "modelcall is an engine that serves language models over an OpenAI-compatible API.",
+     "modelcall是什么？", "modelcall是一个通过OpenAI兼容接口提供语言模型服务的引擎。"),
+    ("Who are you?", "I am the modelcall demo model. I can do arithmetic with a calculator and look up the weather.",
+     "你是谁？", "我是modelcall的演示模型。我可以用计算器做算术，也可以查天气。"),
+    ("Hello!", "Hello! Ask me to calculate something or about the weather in a city.",
+     "你好！", "你好！你可以让我算数，或者问我某个城市的天气。"),
+    ("What can you do?", "I can do arithmetic with a calculator, look up the weather and answer simple questions.",
+     "你能做什么？", "我可以用计算器做算术、查天气，也能回答简单的问题。"),
+    ("Thank you!", "You are welcome!", "谢谢！", "不客气！"),
+]
+
+ARITH_EN = ["What is {e}?", "What's {e}?", "Calculate {e}.", "Compute {e}.", "How much is {e}?",
+            "Please work out {e}.", "What does {e} equal?", "Can you calculate {e}?"]
+ARITH_ZH = ["{e} 等于多少？", "计算 {e}。", "{e} 是多少？", "请算一下 {e}。", "帮我算 {e}。"]
+WEATHER_EN = ["What's the weather in {c}?", "What is the weather in {c}?", "How is the weather in {c}?",
+              "What's the weather like in {c} today?", "Weather in {c}?", "Is it cold in {c}?",
+              "What is the temperature in {c}?", "Tell me the weather in {c}."]
+WEATHER_ZH = ["{c}的天气怎么样？", "{c}今天天气如何？", "{c}现在多少度？", "{c}天气怎么样？", "查一下{c}的天气。"]
+THINK_ARITH = {"en": "This is arithmetic: I use the calculator.", "zh": "这是算术题，我用计算器。"}
+OPS = ["+", "-", "*", "/"]
+
+
+def held_out(n: int = 40, seed: int = 1919) -> list[str]:
+    """Arithmetic expressions kept out of training: the accuracy is measured on these."""
+    rng = random.Random(seed)
+    return [_expression(rng) for _ in range(n)]
+
+
+def _expression(rng: random.Random) -> str:
+    op = rng.choice(OPS)
+    if op == "/":
+        b = rng.randint(2, 99)
+        a = b * rng.randint(2, 99) if rng.random() < 0.7 else rng.randint(10, 999)
+    else:
+        a, b = rng.randint(2, 999), rng.randint(2, 999)
+    return f"{a} {op} {b}"
+
+
+def _call(tool_name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    # The arguments string as the agent feeds a parsed call back: the model's JSON text.
+    return {"id": "call_0_0", "type": "function",
+            "function": {"name": tool_name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+
+
+def _tools(rng: random.Random, needed: Any | None) -> list[dict[str, Any]] | None:
+    r = rng.random()
+    if needed is None and r < 0.3:
+        return None
+    if needed is not None and r < 0.2:
+        return [needed.openai()]
+    tools = [t.openai() for t in TOOLS]
+    return tools if rng.random() < 0.7 else tools[::-1]
+
+
+def arithmetic_chat(rng: random.Random, expression: str, lang: str) -> dict[str, Any]:
+    question = rng.choice(ARITH_EN if lang == "en" else ARITH_ZH).format(e=expression)
+    result = calculator(expression)
+    answer = f"{expression} = {result}" + ("." if lang == "en" else "。")
+    return {"tools": _tools(rng, calculator), "messages": [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": "", "reasoning_content": THINK_ARITH[lang],
+         "tool_calls": [_call("calculator", {"expression": expression})]},
+        {"role": "tool", "tool_call_id": "call_0_0", "content": result},
+        {"role": "assistant", "content": answer}]}
+
+
+def weather_chat(rng: random.Random, city: tuple[str, str], lang: str) -> dict[str, Any]:
+    name = city[0] if lang == "en" else city[1]
+    question = rng.choice(WEATHER_EN if lang == "en" else WEATHER_ZH).format(c=name)
+    report = weather_of(name)
+    t, cond = report["temperature_c"], report["condition"]
+    answer = (f"In {name} it is {t}°C and {cond}." if lang == "en"
+              else f"{name}现在{CONDITION_ZH[cond]}，气温{t}°C。")
+    return {"tools": _tools(rng, get_weather), "messages": [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": "", "tool_calls": [_call("get_weather", {"city": name})]},
+        {"role": "tool", "tool_call_id": "call_0_0", "content": json.dumps(report, ensure_ascii=False)},
+        {"role": "assistant", "content": answer}]}
+
+
+def fact_chat(rng: random.Random, fact: tuple[str, str, str, str], lang: str) -> dict[str, Any]:
+    q, a = (fact[0], fact[1]) if lang == "en" else (fact[2], fact[3])
+    return {"tools": _tools(rng, None), "messages": [{"role": "user", "content": q},
+                                                    {"role": "assistant", "content": a}]}
+
+
+def chats(n: int, seed: int = 0) -> Iterator[dict[str, Any]]:
+    """`n` training chats, the same for the same seed; no HELD_OUT expression among them."""
+    rng = random.Random(seed)
+    banned = set(held_out())
+    for _ in range(n):
+        lang = "en" if rng.random() < 0.6 else "zh"
+        kind = rng.random()
+        if kind < 0.5:
+            e = _expression(rng)
+            while e in banned:
+                e = _expression(rng)
+            yield arithmetic_chat(rng, e, lang)
+        elif kind < 0.85:
+            yield weather_chat(rng, rng.choice(CITIES), lang)
+        else:
+            yield fact_chat(rng, rng.choice(FACTS), lang)
