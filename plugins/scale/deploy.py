@@ -30,6 +30,9 @@ def start_cluster(address: str | None, num_cpus: int | None = None, temp_dir: st
 
     if ray.is_initialized():
         return
+    # NOTE: Ray's core worker in this (driver) process installs abseil's failure signal handler over
+    # SIGTERM, which aborts the process instead of letting `modelcall serve` drain.
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
            **{k: v for k, v in os.environ.items() if k.startswith("MODELCALL_")}}

@@ -9,7 +9,10 @@ one request log see every replica's requests, and the handle reads them as on on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
+import threading
 import time
 import uuid
 from typing import Any
@@ -74,7 +77,8 @@ class RemoteKernel:
         import msgspec
 
         replica_cfg = msgspec.to_builtins(msgspec.structs.replace(cfg, model=model_dir))
-        await anyio.to_thread.run_sync(deploy.start_cluster, self.ray_address, self.num_cpus)
+        with _signals_kept():
+            await anyio.to_thread.run_sync(deploy.start_cluster, self.ray_address, self.num_cpus)
         self._handle = await anyio.to_thread.run_sync(
             lambda: deploy.deploy(replica_cfg, self._plugins, self._blocked, self.num_replicas, **self.router_kwargs))
         info = await self._handle.describe.remote()
@@ -283,3 +287,17 @@ class RemoteKernel:
             by[replica] = by.get(replica, 0) + 1
         return {"running": len(self._inflight), "waiting": 0, "unfinished": len(self._inflight), "steps": 0,
                 "kv": {}, "observer_errors": dict(self.bus.observer_errors), "replicas": by}
+
+
+@contextlib.contextmanager
+def _signals_kept() -> Any:
+    """Ray's core worker installs abseil's failure handler over SIGTERM/SIGINT in this process, which
+    aborts it (exit 134) instead of letting `modelcall serve` drain: put Python's handlers back."""
+    main = threading.current_thread() is threading.main_thread()
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
