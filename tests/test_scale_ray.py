@@ -139,7 +139,6 @@ def replica_stats(server: ReplicatedServer) -> dict[str, dict]:
 def test_shared_prefixes_stay_on_one_replica_hit_its_cache_and_match_one_kernel(server: ReplicatedServer) -> None:
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
     name = server.kernel.model_name
-    client.chat.completions.with_raw_response  # noqa: B018 - the SDK itself, no stubs
     asks = [(i, f"question {r} about topic {i}?") for r in range(4) for i in range(len(SYSTEMS))]
     seen: dict[int, list[str]] = collections.defaultdict(list)
     cached: dict[tuple[int, str], int] = {}
