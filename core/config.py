@@ -50,6 +50,9 @@ class KernelConfig(msgspec.Struct, kw_only=True):
     sampler: str = "auto"
     eviction_policy: str = "auto"       # built-in: lru
     waiting_queue: str = "auto"         # built-in: default (the order scheduling_policy names)
+    # vLLM's --speculative-config: {"method": "ngram" | "suffix", "num_speculative_tokens": k, ...}
+    # (core/speculative.py); None: speculation off.
+    speculative_config: dict | None = None
     plugin_config: dict[str, dict] = {}
 
     def __post_init__(self) -> None:
@@ -66,6 +69,9 @@ class KernelConfig(msgspec.Struct, kw_only=True):
                 raise ConfigError(f"{cap} must be >= 1, got {getattr(self, cap)}")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ConfigError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
+        if self.speculative_config:
+            from modelcall.core.speculative import parse_config
+            parse_config(self.speculative_config)  # refuse a bad one at start-up
 
     def wants(self, stage: str, name: str) -> bool:
         """True when configuration leaves `stage` open or names `name` for it (for provider hooks)."""

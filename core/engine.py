@@ -55,6 +55,8 @@ class Engine:
         self.step_count = 0
         self.last_error: str | None = None
         self._executor: ThreadPoolExecutor | None = None
+        # Speculative decoding (core/speculative.py), set by the kernel when configured: None is off.
+        self.speculator: Any = None
 
     # ---- entry from other tasks (same event loop) ---------------------------------------
 
@@ -178,8 +180,12 @@ class Engine:
 
     def _apply(self, plan: SchedulePlan, output: StepOutput, t: float, events: list) -> None:
         logprobs = output.logprobs
+        spec = output.spec_tokens
         for i, chunk in enumerate(plan.chunks):
             req = chunk.request
+            if spec is not None and spec[i] is not None:
+                self._apply_draft(chunk, spec[i], t, events)
+                continue
             req.num_computed_tokens += chunk.num_new_tokens
             self.kv.commit(req)
             if req.params.prompt_logprobs is not None:
@@ -204,6 +210,34 @@ class Engine:
                 self._requested(rec, out, events)
             if out.reason is not None:
                 self._finish(rec, out, t, events, emitted=True)
+
+    def _apply_draft(self, chunk: Any, tokens: list[int], t: float, events: list) -> None:
+        """A verified draft: append the accepted drafts and the one more token (stopping where the
+        output stage stops), keep the K/V of the known token and the accepted drafts, roll back the rest."""
+        req = chunk.request
+        if req.status is Status.FINISHED:
+            return
+        rec = self.records[req.request_id]
+        self.speculator.verified(req, len(chunk.draft), len(tokens) - 1)
+        rec.last_token = t
+        for token in tokens:
+            req.all_token_ids.append(token)
+            out = rec.output.on_token(req, token, self.window, None)
+            events.append(TokensEmitted(request_id=req.request_id, task_id=req.task_id, ts=t, token_ids=(token,),
+                                        text=out.text, logprobs=out.logprobs, tool_calls=out.tool_calls,
+                                        reasoning=out.reasoning, reasoning_tokens=out.reasoning_tokens))
+            if out.calls:
+                self._requested(rec, out, events)
+            if out.reason is not None:
+                self._finish(rec, out, t, events, emitted=True)
+                return
+        # NOTE: the K/V written for the known token and every accepted draft is what the model would
+        # have written one token at a time; the last token appended is the only one not computed.
+        req.num_computed_tokens = req.num_tokens - 1
+        trim = getattr(self.kv, "trim", None)
+        if trim is not None:
+            trim(req)
+        self.kv.commit(req)
 
     def _note_prompt_logprobs(self, req: Request, output: StepOutput, i: int, t: float, events: list) -> None:
         """Keep the chunk's prompt logprobs; once the prompt is computed, send them all (once)."""
@@ -235,6 +269,8 @@ class Engine:
         self.scheduler.finish(req)
         req.status = Status.FINISHED
         del self.records[req.request_id]
+        if self.speculator is not None:
+            self.speculator.finished(req)
         output = rec.output
         shared = req.fork_of is not None  # a choice of n: its prompt is charged to the request it shares it with
         usage = Usage(prompt_tokens=0 if shared else req.num_prompt_tokens, cached_tokens=0 if shared else req.num_cached_tokens,

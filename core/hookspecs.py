@@ -89,6 +89,13 @@ def provide_scheduler(config: Any, kv_cache: Any, waiting_queue: Any) -> Any:
 
 
 @hookspec(firstresult=True)
+def provide_proposer(config: Any, spec_config: Any) -> Any:
+    """Return a `modelcall.core.speculative.Proposer` for `spec_config.method` (a
+    `modelcall.core.speculative.SpeculativeConfig`), or None to decline. Called only when
+    `config.speculative_config` is set (speculation is off by default)."""
+
+
+@hookspec(firstresult=True)
 def provide_constraint_backend(config: Any, tokenizer: Any, model_dir: str) -> Any:
     """Return a `modelcall.core.constraints.ConstraintBackend` (a grammar engine over `tokenizer`'s
     vocabulary) for `response_format` and forced `tool_choice`, or None. Optional: without one,

@@ -27,6 +27,7 @@ from modelcall.core.output import OutputStage
 from modelcall.core.params import SamplingParams
 from modelcall.core.plan import ModelSpec
 from modelcall.core.request import Request
+from modelcall.core import speculative
 from modelcall.core.stages import KVCachePolicy, ModelRunner, Sampler, Scheduler, Tokenizer
 from modelcall.core.tooling import ToolSupport
 from modelcall.events import (
@@ -147,6 +148,7 @@ class Kernel:
         self.output_stage = OutputStage.assemble(host, cfg, self.tokenizer, self._output_filters)
         self.bus.freeze()
         self.engine = Engine(self.scheduler, self.runner, self.kv, self.bus, self.window, cfg.consumer_timeout_s)
+        self.engine.speculator = getattr(self, "speculator", None)
         await host.lifecycle("startup", done=started, kernel=self)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
@@ -186,6 +188,9 @@ class Kernel:
         waiting = self._provide_seam("provide_waiting_queue", "waiting_queue")
         self.scheduler = host.provide("provide_scheduler", "scheduler", config=cfg, kv_cache=self.kv,
                                       waiting_queue=waiting)
+        self.speculator = speculative.assemble(host, cfg)   # None: speculation off (the default)
+        if self.speculator is not None:
+            self.scheduler.speculator = self.speculator
 
     def _provide_seam(self, hook: str, stage: str, **kwargs: Any) -> Any:
         """A part of a stage (`core/policies.py`), handed to that stage's provider: None when no

@@ -21,6 +21,10 @@ class ScheduledChunk:
     # A fork (n > 1): this chunk computes nothing (num_new_tokens 0) and samples its first token from
     # the last row of `fork_of`'s chunk in the same plan, whose prompt it shares.
     fork_of: Request | None = None
+    # Speculative decoding (core/speculative.py): proposed tokens after the request's last known one.
+    # `num_new_tokens` counts them (1 + len(draft)); the runner feeds them after the known token and
+    # the sampler verifies them at those rows.
+    draft: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -33,6 +37,7 @@ class SchedulePlan:
     # (source block, destination block): copy the K/V of these blocks after this step's forward and
     # before sampling (copy on write of a forked request's last partial block).
     block_copies: list[tuple[int, int]] = field(default_factory=list)
+    num_draft_tokens: int = 0  # sum of the chunks' drafts (0: no chunk speculates this step)
 
     @property
     def num_tokens(self) -> int:
@@ -52,6 +57,9 @@ class StepOutput:
     # (request.prompt_logprobs grows by these), and the rank of each of those tokens.
     prompt_logprobs: list[list[PositionLogprobs] | None] | None = None
     prompt_ranks: list[list[int] | None] | None = None
+    # With drafts: per chunk, None (no draft) or the tokens to append: the accepted drafts, then the
+    # correction or bonus token (token_ids[i] is its first).
+    spec_tokens: list[list[int] | None] | None = None
     forward_s: float = 0.0
 
 

@@ -156,6 +156,15 @@ class PagedKVCache:
                 copies.append((src[full], block))
         return copies
 
+    def trim(self, request: Request) -> None:
+        """Give back the blocks past `request`'s known tokens (speculative decoding: a rejected draft's
+        slots). They were taken this step and never committed, so nothing findable is lost."""
+        keep = -(-request.num_tokens // self.block_size)
+        for table in self.tables(request):
+            if len(table) > keep:
+                self.pool.release(b for b in reversed(table[keep:]) if b != RELEASED)
+                del table[keep:]
+
     def free(self, request: Request) -> None:
         # NOTE: the tail first, so under LRU a request's last blocks (the least shared) are evicted first.
         for table in self.tables(request):

@@ -87,7 +87,11 @@ def build_step(plan: SchedulePlan, block_size: int, device: torch.device, num_gr
         req = c.request
         s = req.num_computed_tokens
         e = s + c.num_new_tokens
-        ids.extend(req.all_token_ids[s:e])
+        if c.draft:   # the last known token, then the proposed ones (speculative decoding)
+            ids.extend(req.all_token_ids[s:e - len(c.draft)])
+            ids.extend(c.draft)
+        else:
+            ids.extend(req.all_token_ids[s:e])
         pos.extend(range(s, e))
         seq.extend([k] * c.num_new_tokens)
         tables.append(req.block_table)
@@ -111,7 +115,11 @@ def build_step(plan: SchedulePlan, block_size: int, device: torch.device, num_gr
     seq_t = torch.tensor(seq, dtype=torch.long)
     slot_mapping = table[seq_t, pos_t // block_size] * block_size + pos_t % block_size
 
-    sampled = [last_row[i] for i, c in enumerate(chunks) if c.sample]
+    if plan.num_draft_tokens:   # a chunk with a draft is verified at its last 1 + len(draft) rows
+        sampled = [r for i, c in enumerate(chunks) if c.sample
+                   for r in range(last_row[i] - len(c.draft or ()), last_row[i] + 1)]
+    else:
+        sampled = [last_row[i] for i, c in enumerate(chunks) if c.sample]
     identity = len(sampled) == len(ids) and sampled == list(range(len(ids)))
     batch = StepBatch(
         input_ids=torch.tensor(ids, dtype=torch.long).view(1, -1).to(device),

@@ -19,6 +19,7 @@ from modelcall.plugins.runner.loader import (
     build_spec, check_model_dir, resolve_placement, unsupported_features,
 )
 from modelcall.plugins.runner.packing import pack_linears
+from modelcall.plugins.runner.verify import sample_with_drafts
 
 log = logging.getLogger("modelcall.runner")
 
@@ -128,7 +129,10 @@ class TorchModelRunner:
             if plan.block_copies:
                 self._copy_blocks(plan.block_copies)
             sampled = [c for c in plan.chunks if c.sample]
-            if sampled:
+            spec = None
+            if plan.num_draft_tokens:
+                ids, logprobs, spec = sample_with_drafts(self.sampler, logits, sampled)
+            elif sampled:
                 ids, logprobs = self.sampler.sample(logits, sampled)
             else:
                 ids, logprobs = [], None
@@ -142,6 +146,13 @@ class TorchModelRunner:
                     lps[i] = logprobs[j]
                 j += 1
         out = StepOutput(token_ids=token_ids, logprobs=lps, forward_s=time.perf_counter() - t0)
+        if spec is not None:
+            out.spec_tokens = [None] * len(plan.chunks)
+            j = 0
+            for i, c in enumerate(plan.chunks):
+                if c.sample:
+                    out.spec_tokens[i] = spec[j]
+                    j += 1
         if scored:
             out.prompt_logprobs = [None] * len(plan.chunks)
             out.prompt_ranks = [None] * len(plan.chunks)

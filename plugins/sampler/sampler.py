@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from modelcall.events import PositionLogprobs, TokenLogprob
+from modelcall.plugins.sampler.verify import verify as verify_draft
 
 NEG_INF = float("-inf")
 
@@ -126,6 +127,26 @@ class TorchSampler:
         for k in seeded:
             noise[k].exponential_(generator=self._generator(reqs[k], dev))
         return (probs / noise).max(-1).indices
+
+    def verify(self, logits: torch.Tensor, chunk: Any) -> list[int]:
+        """Speculative decoding: the tokens `chunk.request` appends after its draft was checked at the
+        draft's 1 + k rows of `logits` (plugins/sampler/verify.py): the accepted prefix, then one more."""
+        return verify_draft(self, logits, chunk, argmax, self.target_probs)
+
+    @staticmethod
+    def target_probs(x: torch.Tensor, reqs: list[Any]) -> torch.Tensor:
+        """The distribution `_draw` samples row i from (temperature, top-k, top-p, min-p), as probabilities."""
+        dev, vocab = x.device, x.shape[1]
+        ps = [r.params for r in reqs]
+        x = x / torch.tensor([p.temperature for p in ps], device=dev)[:, None]
+        top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in ps]
+        if min(top_k) < vocab or any(p.top_p < 1.0 for p in ps):
+            x = _top_k_top_p(x, top_k, [p.top_p for p in ps])
+        probs = torch.softmax(x, -1)
+        if any(p.min_p > 0.0 for p in ps):
+            min_p = torch.tensor([p.min_p for p in ps], device=dev)[:, None]
+            probs = probs.masked_fill(probs < min_p * probs.max(-1, keepdim=True).values, 0.0)
+        return probs
 
     @staticmethod
     def _generator(req: Any, device: torch.device) -> torch.Generator:

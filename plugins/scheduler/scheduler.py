@@ -8,6 +8,8 @@ prefill) and decodes are simply requests one token behind.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from modelcall.core.plan import ScheduledChunk, SchedulePlan
 from modelcall.core.policies import WaitingQueue
 from modelcall.core.request import Request, Status
@@ -31,6 +33,12 @@ class _Step:
         self.chunks[request.request_id] = ScheduledChunk(request, num_new_tokens, sample)
         self.budget -= num_new_tokens
 
+    def add_draft(self, request: Request, draft: list[int]) -> None:
+        """`request`'s last known token and `draft` after it, verified this step (speculative decoding)."""
+        self.chunks[request.request_id] = ScheduledChunk(request, 1 + len(draft), True, draft=draft)
+        self.budget -= 1 + len(draft)
+        self.plan.num_draft_tokens += len(draft)
+
     def add_fork(self, child: Request, parent: Request) -> None:
         """`child` samples its first token from `parent`'s last row this step; it computes nothing."""
         self.chunks[child.request_id] = ScheduledChunk(child, 0, True, fork_of=parent)
@@ -39,6 +47,8 @@ class _Step:
         chunk = self.chunks.pop(request.request_id, None)
         if chunk is not None:
             self.budget += chunk.num_new_tokens
+            if chunk.draft:
+                self.plan.num_draft_tokens -= len(chunk.draft)
 
     def done(self) -> SchedulePlan:
         self.plan.chunks = list(self.chunks.values())
@@ -69,6 +79,8 @@ class DefaultScheduler:
         # Requests told to expect forks (`num_forks`), held out of the waiting queue until every fork
         # was admitted, so that none misses the prefill it shares: id -> [request, forks still to come].
         self.held: dict[str, list] = {}
+        # Speculative decoding (core/speculative.py), set by the kernel when configured: None is off.
+        self.speculator: Any = None
 
     # ---- the Scheduler protocol -------------------------------------------------------------
 
@@ -175,6 +187,12 @@ class DefaultScheduler:
             if request.request_id not in self.running:
                 continue  # preempted earlier in this step
             num_new = min(request.num_uncomputed_tokens, step.budget)
+            if num_new == 1 and self.speculator is not None and request.num_output_tokens:
+                draft = self.speculator.draft(request, step.budget - 1)
+                # NOTE: drafts only take free blocks (never preempt for a guess); short of them, decode plainly.
+                if draft and self.kv.allocate(request, 1 + len(draft)):
+                    step.add_draft(request, draft)
+                    continue
             if num_new > 0 and self._allocate_or_preempt(request, num_new, step):
                 step.add(request, num_new)
 

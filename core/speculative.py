@@ -1,0 +1,174 @@
+"""Speculative decoding: cheap proposers guess the next tokens, one forward verifies them.
+
+    known:     [ ... t ]          a decoding request, one token (t) not yet computed
+    proposed:  [ ... t | d1 d2 d3 ]   the scheduler grants 1 + k tokens; the runner computes logits
+                                       at those k + 1 rows; the sampler keeps the longest prefix
+    accepted:  [ ... t d1 d2 | c ]    d1, d2 matched (greedy) or survived rejection sampling, c is the
+                                       correction (or bonus) token; the K/V of d3 is rolled back
+
+Speculation is off unless `KernelConfig.speculative_config` is set (vLLM's JSON:
+`{"method": "ngram" | "suffix", "num_speculative_tokens": k, "prompt_lookup_max", "prompt_lookup_min"}`).
+A proposer is a plugin (`provide_proposer`); the `Speculator` here holds one and decides, per
+request, whether to ask it (eligibility, adaptive back-off) and how many tokens to allow.
+
+Requests never speculated: logits processors (grammar-constrained decoding, which would need the
+mask at every drafted row), penalties, min_tokens not reached yet, or logprobs asked (the
+verification path computes none). Their tokens are sampled exactly as without speculation.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import msgspec
+
+from modelcall.core.errors import ConfigError
+
+METHODS = ("ngram", "suffix")
+STATE = "spec"  # request.extra key of the per-request _State
+
+
+class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's `--speculative-config` fields that modelcall implements (n-gram and suffix methods)."""
+
+    method: str
+    num_speculative_tokens: int = 5
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 1
+    # Adaptive back-off: after `min_drafts` drafted tokens, a request whose acceptance (an exponential
+    # average over drafted tokens) is below `min_acceptance` stops proposing for `backoff_steps` steps
+    # (doubled each time it fails again), then tries again.
+    min_acceptance: float = 0.3
+    min_drafts: int = 8
+    backoff_steps: int = 16
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ConfigError(f"speculative_config method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if not 1 <= self.num_speculative_tokens <= 64:
+            raise ConfigError(f"num_speculative_tokens must be in 1..64, got {self.num_speculative_tokens}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ConfigError("prompt_lookup_min must be >= 1 and <= prompt_lookup_max, got "
+                              f"{self.prompt_lookup_min} and {self.prompt_lookup_max}")
+
+
+def parse_config(raw: Any) -> SpeculativeConfig | None:
+    """A `SpeculativeConfig` from a dict or JSON text (None, "" or {}: speculation off)."""
+    if raw is None or raw == "" or raw == {}:
+        return None
+    if isinstance(raw, SpeculativeConfig):
+        return raw
+    try:
+        if isinstance(raw, (str, bytes)):
+            return msgspec.json.decode(raw, type=SpeculativeConfig)
+        return msgspec.convert(raw, SpeculativeConfig)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"speculative_config: {e}") from e
+    except msgspec.DecodeError as e:
+        raise ConfigError(f"speculative_config is not JSON: {e}") from e
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    """Guesses the tokens that follow a request's known tokens. Called on the engine loop, once per
+    step per decoding request that may speculate: it must be fast (no model forward, no I/O)."""
+
+    def propose(self, request: Any, k: int) -> list[int]:
+        """Up to `k` token ids likely to follow `request.all_token_ids` (may be empty: no guess).
+        Must not change the request's tokens; may keep its own state in `request.extra`."""
+        ...
+
+    def finished(self, request: Any) -> None:
+        """`request` ended (any reason): a proposer that learns across requests may keep its tokens;
+        it must drop whatever it keeps in the request itself. May do nothing."""
+        ...
+
+
+class _State:
+    __slots__ = ("drafted", "accepted", "rate", "resume_at", "backoff", "steps")
+
+    def __init__(self, backoff: int) -> None:
+        self.drafted = 0        # draft tokens verified so far
+        self.accepted = 0       # of which accepted
+        self.rate = 1.0         # exponential average of acceptance per drafted token
+        self.resume_at = 0      # steps (of this request) before it proposes again
+        self.backoff = backoff
+        self.steps = 0          # decode steps seen
+
+
+class Speculator:
+    """Asks `proposer` for drafts of eligible requests and keeps each request's acceptance.
+
+    Engine-loop only (never the runner's thread). `num_draft_tokens`, `num_accepted_tokens` and
+    `accepted_by_position` are totals since start (vLLM's spec_decode counters)."""
+
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer) -> None:
+        self.config = config
+        self.proposer = proposer
+        self.k = config.num_speculative_tokens
+        self.num_drafts = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.accepted_by_position = [0] * self.k
+
+    @staticmethod
+    def eligible(request: Any) -> bool:
+        """Whether `request`'s next tokens can be verified exactly by the speculative path."""
+        p = request.params
+        return (not request.logits_processors and p.logprobs is None and p.repetition_penalty == 1.0
+                and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
+                and request.num_output_tokens >= p.min_tokens)
+
+    def draft(self, request: Any, max_tokens: int) -> list[int]:
+        """Draft tokens for a decoding `request` this step (at most `max_tokens`), or []."""
+        state = request.extra.get(STATE)
+        if state is None:
+            state = request.extra[STATE] = _State(self.config.backoff_steps)
+        state.steps += 1
+        if state.resume_at > state.steps:
+            return []
+        k = min(self.k, max_tokens, request.max_tokens - request.num_output_tokens - 1)
+        if k <= 0 or not self.eligible(request):
+            return []
+        return self.proposer.propose(request, k)[:k]
+
+    def verified(self, request: Any, num_draft: int, num_accepted: int) -> None:
+        """Record one verification of `request`: `num_accepted` of `num_draft` drafts kept."""
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft
+        self.num_accepted_tokens += num_accepted
+        for j in range(num_accepted):
+            self.accepted_by_position[j] += 1
+        state = request.extra.get(STATE)
+        if state is None:
+            return
+        state.drafted += num_draft
+        state.accepted += num_accepted
+        # NOTE: the average weighs each drafted token, so one long rejected draft counts as much as
+        # several short ones.
+        for j in range(num_draft):
+            state.rate = 0.9 * state.rate + (0.1 if j < num_accepted else 0.0)
+        c = self.config
+        if state.drafted >= c.min_drafts and state.rate < c.min_acceptance:
+            state.resume_at = state.steps + state.backoff
+            state.backoff *= 2
+            state.rate = c.min_acceptance  # a fresh chance when it resumes
+
+    def finished(self, request: Any) -> None:
+        self.proposer.finished(request)
+
+    @staticmethod
+    def acceptance(request: Any) -> tuple[int, int]:
+        """(draft tokens, accepted tokens) of `request` so far; (0, 0) when it never speculated."""
+        state = request.extra.get(STATE)
+        return (state.drafted, state.accepted) if state is not None else (0, 0)
+
+
+def assemble(host: Any, config: Any) -> Speculator | None:
+    """The kernel's `Speculator` for `config.speculative_config`, or None when speculation is off."""
+    spec = parse_config(getattr(config, "speculative_config", None))
+    if spec is None:
+        return None
+    proposer = host.pm.hook.provide_proposer(config=config, spec_config=spec)
+    if proposer is None:
+        raise ConfigError(f"no plugin provides the speculative method {spec.method!r}")
+    return Speculator(spec, proposer)

@@ -1,0 +1,1 @@
+"""Built-in speculative proposers: prompt lookup (`ngram`) and suffix decoding (`suffix`)."""

@@ -1,0 +1,240 @@
+"""Speculative decoding changes nothing in what the model says (greedy) and keeps the target distribution
+(sampled): drafts verified in one forward, rejected K/V rolled back, under continuous batching, prefix
+caching, preemption and aborts.
+
+The random demo model never repeats itself, so prompt lookup finds little to accept there. To drive the
+verification path with drafts that are partly right, `OracleProposer` (a test plugin) proposes the
+reference continuation with every third draft position wrong; suffix decoding gets real hits from a
+retried request (the workload of an agent that retries).
+"""
+from __future__ import annotations
+
+import collections
+import random
+
+import anyio
+import pytest
+import torch
+from kv_invariants import check_whole
+
+from modelcall.core import ConfigError, KernelConfig, hookimpl
+from modelcall.core.plan import ScheduledChunk
+from modelcall.core.request import Request
+from modelcall.core.params import SamplingParams
+from modelcall.core.speculative import Speculator, parse_config
+from modelcall.events import Preempted
+from modelcall.plugins.sampler.sampler import TorchSampler
+from modelcall.plugins.speculative.ngram import NgramProposer
+from modelcall.plugins.speculative.suffix import SuffixProposer
+
+pytestmark = pytest.mark.anyio
+
+MAX_TOKENS = 16
+_rng = random.Random(99)
+_PREFIX = [_rng.randrange(10, 2048) for _ in range(30)]
+PROMPTS = ([_PREFIX + [_rng.randrange(10, 2048) for _ in range(_rng.randrange(1, 20))] for _ in range(3)]
+           + [[_rng.randrange(10, 2048) for _ in range(_rng.randrange(2, 60))] for _ in range(3)])
+
+
+@pytest.fixture(scope="module")
+def references(demo_model_dir) -> list[list[int]]:
+    """Greedy continuations from transformers, one prompt at a time, fp32, EOS ignored."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(demo_model_dir, local_files_only=True, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    out = []
+    for prompt in PROMPTS:
+        ids = torch.tensor([prompt])
+        gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False)
+        out.append(gen[0, len(prompt):].tolist())
+    return out
+
+
+class OracleProposer:
+    """Proposes the reference continuation, wrong at every third output position (a rejection there)."""
+
+    modelcall_plugin_name = "oracle_proposer"
+
+    def __init__(self, references: dict[tuple[int, ...], list[int]]) -> None:
+        self.references = references
+
+    @hookimpl
+    def provide_proposer(self, config, spec_config):
+        return self
+
+    def propose(self, request: Request, k: int) -> list[int]:
+        ref = self.references[tuple(request.prompt_token_ids)]
+        at = request.num_output_tokens
+        return [t if (at + j) % 3 else (t + 1) % 2048 for j, t in enumerate(ref[at:at + k])]
+
+    def finished(self, request: Request) -> None:
+        pass
+
+
+async def _run_all(kernel, prompts: list[list[int]], **params) -> list[list[int]]:
+    results: dict[int, list[int]] = {}
+
+    async def one(i: int) -> None:
+        await anyio.sleep(0.01 * (i % 3))
+        done = await kernel.complete(prompt_token_ids=prompts[i], max_tokens=MAX_TOKENS, temperature=0,
+                                     ignore_eos=True, **(params if i % 2 else {}))
+        results[i] = done.token_ids
+
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as tg:
+            for i in range(len(prompts)):
+                tg.start_soon(one, i)
+    return [results[i] for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("block_size,num_kv_blocks", [(16, 7), (4, 60)])
+async def test_greedy_parity_with_drafts_mixed_batches_and_preemption(
+        make_kernel, events, references, demo_model_dir, block_size, num_kv_blocks):
+    # Odd requests ask for logprobs: never speculated, in the same steps as the speculating ones.
+    oracle = OracleProposer({tuple(p): r for p, r in zip(PROMPTS, references)})
+    async with make_kernel(plugins=[oracle], model=demo_model_dir, block_size=block_size,
+                           num_kv_blocks=num_kv_blocks, max_num_batched_tokens=24,
+                           speculative_config={"method": "ngram", "num_speculative_tokens": 4}) as kernel:
+        got = await _run_all(kernel, PROMPTS, logprobs=1)
+        check_whole(kernel.kv)
+        spec = kernel.speculator
+    assert got == references
+    assert spec.num_accepted_tokens > 0 and spec.num_draft_tokens > spec.num_accepted_tokens
+    assert spec.accepted_by_position[0] >= spec.accepted_by_position[1] > 0
+    if num_kv_blocks == 7:   # 7 blocks of 16 hold barely two of these requests
+        assert any(isinstance(e, Preempted) for e in events.events)
+
+
+async def test_prompt_lookup_parity_and_suffix_retry_accepts(make_kernel, references, demo_model_dir):
+    """A retried request (same prompt again) is proposed its earlier output by suffix decoding: nearly
+    every draft is accepted and the text is the same; prompt lookup changes no output either."""
+    for method in ("ngram", "suffix"):
+        async with make_kernel(model=demo_model_dir, block_size=4, num_kv_blocks=80, max_num_batched_tokens=64,
+                               speculative_config={"method": method, "num_speculative_tokens": 5}) as kernel:
+            first = await _run_all(kernel, PROMPTS)
+            assert first == references
+            before = kernel.speculator.num_accepted_tokens
+            again = await _run_all(kernel, PROMPTS[:2])   # retries: prefix cache hits and suffix hits
+            assert again == references[:2]
+            spec = kernel.speculator
+            check_whole(kernel.kv)
+        if method == "suffix":
+            accepted = spec.num_accepted_tokens - before
+            assert accepted >= 2 * (MAX_TOKENS - 6), (accepted, spec.num_draft_tokens)
+
+
+async def test_abort_while_speculating_frees_everything(make_kernel, references, demo_model_dir):
+    oracle = OracleProposer({tuple(p): r + [7] * 400 for p, r in zip(PROMPTS, references)})
+    async with make_kernel(plugins=[oracle], model=demo_model_dir, block_size=4, num_kv_blocks=120,
+                           speculative_config={"method": "ngram", "num_speculative_tokens": 3}) as kernel:
+        handle = await kernel.submit(prompt_token_ids=PROMPTS[0], max_tokens=300, temperature=0, ignore_eos=True)
+        async with handle:
+            with anyio.fail_after(60):
+                while kernel.speculator.num_drafts < 3:
+                    await anyio.sleep(0.005)
+            kernel.abort(handle.request_id)
+            done = await handle.result()
+        assert done.finish_reason == "abort"
+        with anyio.fail_after(10):
+            while kernel.scheduler.num_running:
+                await anyio.sleep(0.01)
+        check_whole(kernel.kv)
+
+
+def _chunk(params: SamplingParams, draft: list[int]) -> ScheduledChunk:
+    req = Request("r", [11, 12, 13], params, max_tokens=100)
+    req.all_token_ids.append(14)   # one output token: decoding
+    return ScheduledChunk(req, 1 + len(draft), True, draft=draft)
+
+
+def test_sampled_verification_keeps_the_target_distribution() -> None:
+    """Chi-square over the first two emitted tokens of many verifications of a fixed draft: the first
+    follows row 0's distribution whatever the draft, the second (given the draft was accepted) row 1's."""
+    torch.manual_seed(0)
+    vocab = 6
+    logits = torch.tensor([[1.0, 0.2, -0.5, 0.7, 0.0, -1.0],
+                           [0.1, 0.9, 0.3, -0.2, -1.5, 0.4],
+                           [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    params = SamplingParams(temperature=0.8, top_k=5)
+    sampler = TorchSampler()
+    target = sampler.target_probs(logits, [_chunk(params, [3, 1]).request] * 3)
+    first, second = collections.Counter(), collections.Counter()
+    n = 12000
+    chunk = _chunk(params, [3, 1])
+    for _ in range(n):
+        out = sampler.verify(logits, chunk)
+        first[out[0]] += 1
+        if out[0] == 3:
+            second[out[1]] += 1
+
+    def chi2(counts: collections.Counter, p: torch.Tensor) -> float:
+        total = sum(counts.values())
+        return sum((counts[t] - total * float(p[t])) ** 2 / (total * float(p[t])) for t in range(vocab) if p[t] > 0)
+
+    assert first[5] == 0 and target[0, 5] == 0          # top-k 5 keeps it out, in verification too
+    assert chi2(first, target[0]) < 30.0                # 4 degrees of freedom: 30 is far past p = 1e-5
+    assert chi2(second, target[1]) < 30.0
+    assert sum(second.values()) > 0.2 * n
+
+
+def test_greedy_verification_accepts_the_matching_prefix() -> None:
+    logits = torch.full((4, 8), -1.0)
+    for row, best in enumerate([2, 5, 1, 7]):
+        logits[row, best] = 3.0
+    sampler = TorchSampler()
+    greedy = SamplingParams(temperature=0)
+    assert sampler.verify(logits, _chunk(greedy, [2, 5, 1])) == [2, 5, 1, 7]   # all accepted + bonus
+    assert sampler.verify(logits, _chunk(greedy, [2, 4, 1])) == [2, 5]        # correction at the mismatch
+    assert sampler.verify(logits, _chunk(greedy, [0, 5, 1])) == [2]
+
+
+def test_proposers_look_up_earlier_text() -> None:
+    req = Request("r", [1, 2, 3, 4, 5, 9, 1, 2, 3], SamplingParams(), max_tokens=50)
+    assert NgramProposer(1, 3).propose(req, 4) == [4, 5, 9, 1]
+    assert NgramProposer(1, 3).propose(Request("s", [1, 2, 3], SamplingParams(), max_tokens=5), 4) == []
+    suffix = SuffixProposer(2, 8)
+    done = Request("a", [7, 8], SamplingParams(), max_tokens=10)
+    done.all_token_ids.extend([20, 21, 22, 23])
+    suffix.finished(done)
+    retry = Request("b", [7, 8], SamplingParams(), max_tokens=10)
+    assert suffix.propose(retry, 3) == [20, 21, 22]     # the earlier request's output, across requests
+
+
+def test_constrained_and_penalized_requests_are_not_speculated() -> None:
+    spec = Speculator(parse_config({"method": "ngram"}), NgramProposer(1, 3))
+    plain = Request("r", [1, 2, 3, 1, 2], SamplingParams(), max_tokens=50)
+    plain.all_token_ids.append(3)
+    assert spec.draft(plain, 8)
+    constrained = Request("c", [1, 2, 3, 1, 2], SamplingParams(), max_tokens=50)
+    constrained.all_token_ids.append(3)
+    constrained.logits_processors.append(lambda ids, row: row)
+    assert spec.draft(constrained, 8) == []
+    penalized = Request("p", [1, 2, 3, 1, 2], SamplingParams(presence_penalty=0.5), max_tokens=50)
+    penalized.all_token_ids.append(3)
+    assert spec.draft(penalized, 8) == []
+
+
+def test_adaptive_backoff_stops_a_request_that_keeps_missing() -> None:
+    spec = Speculator(parse_config({"method": "ngram", "num_speculative_tokens": 4}), NgramProposer(1, 3))
+    req = Request("r", [1, 2, 3, 1, 2], SamplingParams(), max_tokens=500)
+    req.all_token_ids.append(3)
+    proposed = 0
+    for _ in range(40):
+        draft = spec.draft(req, 8)
+        if draft:
+            proposed += 1
+            spec.verified(req, len(draft), 0)
+    assert 2 <= proposed < 10   # stopped after a few misses, tried again after the back-off
+
+
+def test_speculative_config_is_vllm_json_and_bad_input_is_refused() -> None:
+    cfg = parse_config('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5, '
+                       '"prompt_lookup_min": 2}')
+    assert (cfg.method, cfg.num_speculative_tokens, cfg.prompt_lookup_max, cfg.prompt_lookup_min) == ("ngram", 3, 5, 2)
+    assert parse_config(None) is None
+    for bad in ({"method": "eagle"}, {"method": "ngram", "num_speculative_tokens": 0},
+                {"method": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2}, "{not json"):
+        with pytest.raises(ConfigError):
+            KernelConfig(speculative_config=bad if isinstance(bad, dict) else None) if isinstance(bad, dict) \
+                else parse_config(bad)
