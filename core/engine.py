@@ -277,9 +277,11 @@ class Engine:
                       completion_tokens=req.num_output_tokens, reasoning_tokens=output.reasoning_tokens)
         timings = Timings(received=rec.received, admitted=rec.admitted, scheduled=rec.scheduled,
                           first_token=rec.first_token, last_token=rec.last_token, finished=t)
+        drafted, accepted = self.speculator.acceptance(req) if self.speculator is not None else (0, 0)
         events.append(Finished(request_id=req.request_id, task_id=req.task_id, ts=t, reason=reason, usage=usage,
                                timings=timings, text=output.text, stop_reason=stop_reason,
-                               reasoning=output.reasoning_text))
+                               reasoning=output.reasoning_text, spec_draft_tokens=drafted,
+                               spec_accepted_tokens=accepted))
 
     def _fail(self, req: Request, error_type: str, message: str, events: list) -> None:
         rec = self.records.pop(req.request_id, None)

@@ -206,6 +206,9 @@ class Finished(Event):
     text: str = ""                        # the whole answer: every TokensEmitted.text joined
     stop_reason: str | int | None = None  # the stop string or token id that matched
     reasoning: str = ""                   # the whole reasoning: every TokensEmitted.reasoning joined
+    # Speculative decoding (off: both 0): draft tokens verified for this request, and how many were accepted.
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
 
 class ResponseSent(Event):

@@ -238,3 +238,45 @@ def test_speculative_config_is_vllm_json_and_bad_input_is_refused() -> None:
         with pytest.raises(ConfigError):
             KernelConfig(speculative_config=bad if isinstance(bad, dict) else None) if isinstance(bad, dict) \
                 else parse_config(bad)
+
+
+async def test_metrics_and_ledger_show_acceptance(make_kernel, events, demo_model_dir, tmp_path) -> None:
+    import sqlite3
+
+    from modelcall.events import Finished
+    from modelcall.plugins.metrics.plugin import metrics_for
+
+    path = tmp_path / "ledger.sqlite3"
+    async with make_kernel(model=demo_model_dir, speculative_config={"method": "suffix", "num_speculative_tokens": 4},
+                           plugin_config={"ledger": {"path": str(path)}}) as kernel:
+        for _ in range(2):   # the retry is proposed the first one's output
+            await kernel.complete(prompt_token_ids=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+        spec = kernel.speculator
+        text = metrics_for(kernel).exposition().decode()
+    assert spec.num_accepted_tokens > 0
+    assert f'modelcall:spec_decode_num_accepted_tokens_total{{model_name="{kernel.model_name}"}} ' \
+           f'{float(spec.num_accepted_tokens)}' in text
+    assert f'modelcall:spec_decode_num_draft_tokens_total{{model_name="{kernel.model_name}"}} ' \
+           f'{float(spec.num_draft_tokens)}' in text
+    assert 'modelcall:spec_decode_num_accepted_tokens_per_pos_total{model_name=' in text
+    finished = [e for e in events.events if isinstance(e, Finished)]
+    assert sum(e.spec_accepted_tokens for e in finished) == spec.num_accepted_tokens
+    assert sum(e.spec_draft_tokens for e in finished) == spec.num_draft_tokens
+    rows = sqlite3.connect(path).execute("SELECT spec_draft_tokens, spec_accepted_tokens FROM requests "
+                                         "ORDER BY received").fetchall()
+    assert len(rows) == 2 and rows[1][1] > 0 and sum(r[0] for r in rows) == spec.num_draft_tokens
+
+
+def test_cli_takes_the_speculative_config_json() -> None:
+    import argparse
+
+    from modelcall.plugins.cli.options import CommandError, add_kernel_options, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_kernel_options(parser)
+    cfg = config_from_args(parser.parse_args(["--speculative-config", '{"method": "suffix", "num_speculative_tokens": 8}']))
+    assert parse_config(cfg.speculative_config).num_speculative_tokens == 8
+    assert config_from_args(parser.parse_args([])).speculative_config is None
+    for bad in ('{"method": "medusa"}', "ngram"):
+        with pytest.raises(CommandError):
+            config_from_args(parser.parse_args(["--speculative-config", bad]))

@@ -60,6 +60,9 @@ def add_kernel_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=_positive_int, metavar="N",
                    help=f"token budget of one step (default: {d.max_num_batched_tokens})")
     g.add_argument("--scheduling-policy", choices=["fcfs", "priority"], help="default: fcfs")
+    g.add_argument("--speculative-config", metavar="JSON",
+                   help='speculative decoding as vLLM\'s JSON, e.g. {"method": "ngram", "num_speculative_tokens": 5, '
+                        '"prompt_lookup_max": 4, "prompt_lookup_min": 1} or {"method": "suffix"} (default: off)')
     g.add_argument("--stage", action="append", default=[], metavar="STAGE=NAME",
                    help=f"pick the implementation of a stage ({', '.join(STAGES)}); repeatable")
     g.add_argument("--plugin-config", action="append", default=[], metavar="PLUGIN=JSON",
@@ -102,6 +105,11 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> KernelConfig
             fields[field] = value
     if getattr(args, "no_prefix_caching", False):
         fields["enable_prefix_caching"] = False
+    if getattr(args, "speculative_config", None):
+        try:
+            fields["speculative_config"] = json.loads(args.speculative_config)
+        except ValueError as e:
+            raise CommandError(f"--speculative-config: the value is not JSON ({e})") from None
     for item in getattr(args, "stage", ()):
         stage, _, name = item.partition("=")
         if stage not in STAGES or not name:

@@ -37,7 +37,9 @@ CREATE TABLE IF NOT EXISTS requests (
     preemptions       INTEGER NOT NULL DEFAULT 0,
     tool_calls        INTEGER NOT NULL DEFAULT 0,
     prompt_parts      TEXT,                         -- JSON: prompt tokens by part
-    dropped_messages  INTEGER NOT NULL DEFAULT 0
+    dropped_messages  INTEGER NOT NULL DEFAULT 0,
+    spec_draft_tokens    INTEGER NOT NULL DEFAULT 0,   -- speculative decoding: draft tokens verified
+    spec_accepted_tokens INTEGER NOT NULL DEFAULT 0    -- of which accepted
 );
 CREATE INDEX IF NOT EXISTS requests_task ON requests(task_id);
 CREATE INDEX IF NOT EXISTS requests_received ON requests(received);
@@ -60,8 +62,10 @@ REQUEST_COLUMNS = (
     "request_id", "task_id", "key_name", "model", "status", "finish_reason", "error", "received", "admitted",
     "scheduled", "first_token", "last_token", "finished", "response_sent", "prompt_tokens", "cached_tokens",
     "completion_tokens", "reasoning_tokens", "max_tokens", "priority", "retries", "preemptions", "tool_calls",
-    "prompt_parts", "dropped_messages",
+    "prompt_parts", "dropped_messages", "spec_draft_tokens", "spec_accepted_tokens",
 )
+# Columns added after the first schema: (name, declaration), added to an older ledger when it is opened.
+ADDED_COLUMNS = (("spec_draft_tokens", "INTEGER NOT NULL DEFAULT 0"), ("spec_accepted_tokens", "INTEGER NOT NULL DEFAULT 0"))
 
 
 def default_path() -> Path:
@@ -81,6 +85,10 @@ def connect(path: str | Path, *, create: bool = True) -> sqlite3.Connection:
     conn.execute("PRAGMA busy_timeout=10000")
     if create:
         conn.executescript(SCHEMA)
+        have = {r[1] for r in conn.execute("PRAGMA table_info(requests)")}
+        for name, decl in ADDED_COLUMNS:
+            if name not in have:
+                conn.execute(f"ALTER TABLE requests ADD COLUMN {name} {decl}")
     conn.row_factory = sqlite3.Row
     return conn
 

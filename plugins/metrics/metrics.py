@@ -147,3 +147,17 @@ class _KernelCollector:
             errors.add_metric([*model, f"{label}:inline"], float(n))
         yield drops
         yield errors
+        spec = getattr(kernel, "speculator", None)
+        if spec is not None:   # vLLM's spec_decode counters, read from the speculator's totals
+            for name, doc, value in (
+                    ("spec_decode_num_drafts", "Drafts verified (speculative decoding).", spec.num_drafts),
+                    ("spec_decode_num_draft_tokens", "Draft tokens verified.", spec.num_draft_tokens),
+                    ("spec_decode_num_accepted_tokens", "Draft tokens accepted.", spec.num_accepted_tokens)):
+                c = CounterMetricFamily(P + name, doc, labels=["model_name"])
+                c.add_metric(model, float(value))
+                yield c
+            pos = CounterMetricFamily(P + "spec_decode_num_accepted_tokens_per_pos",
+                                      "Draft tokens accepted, by position in the draft.", labels=["model_name", "position"])
+            for j, n in enumerate(spec.accepted_by_position):
+                pos.add_metric([*model, str(j)], float(n))
+            yield pos
