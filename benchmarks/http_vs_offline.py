@@ -22,6 +22,9 @@ from modelcall.core import Kernel
 from modelcall.plugins.bench.throughput import StepMeter, load_rows, run_once
 from modelcall.plugins.http.app import create_app
 
+# the random-weight demo model when no --model is given, as these figures were measured (issue 19)
+os.environ.setdefault("MODELCALL_DEMO_MODEL", "random")
+
 
 async def http_run(url: str, model: str, dataset: str, meter: StepMeter, max_tokens: int | None = None) -> float:
     meter.reset()

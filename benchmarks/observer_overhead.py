@@ -23,6 +23,9 @@ import anyio
 
 from modelcall.core import Kernel, SamplingParams
 
+# the random-weight demo model when no --model is given, as these figures were measured (issue 19)
+os.environ.setdefault("MODELCALL_DEMO_MODEL", "random")
+
 RECORDS = ("ledger", "metrics", "request_log", "api_keys", "safety")
 
 

@@ -23,6 +23,9 @@ import anyio
 
 from modelcall.core import Kernel, SamplingParams
 
+# the random-weight demo model when no --model is given, as these figures were measured (issue 19)
+os.environ.setdefault("MODELCALL_DEMO_MODEL", "random")
+
 
 def receiver(port_file: str) -> None:
     """A separate process: POST /v1/traces (protobuf) counts spans, GET /count says how many."""

@@ -10,6 +10,7 @@ Async tests run on anyio's pytest plugin: mark them `@pytest.mark.anyio`.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -19,6 +20,10 @@ import pytest
 from modelcall.testing.collector import EventCollector
 from modelcall.testing.kernels import kernel_for_test
 from modelcall.testing.server import server_for_test
+
+# NOTE: plugin tests run on the random-weight demo model (fast, and its outputs are the references);
+# a test that wants the trained demo model gives model=trained_model_dir().
+os.environ.setdefault("MODELCALL_DEMO_MODEL", "random")
 
 
 class _TestPlugins:

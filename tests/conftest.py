@@ -8,6 +8,8 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The suite runs on the random-weight demo model (its references); the trained one has its own tests.
+os.environ.setdefault("MODELCALL_DEMO_MODEL", "random")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

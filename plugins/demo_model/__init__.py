@@ -1,11 +1,16 @@
-"""The built-in demo model: a tiny random-weight Llama built locally, so modelcall runs with no download.
+"""The built-in demo models, built or shipped locally, so modelcall runs with no download.
 
-    from modelcall.plugins.demo_model import demo_model_dir
-    path = demo_model_dir()      # built once into the user cache, reused after
+    from modelcall.plugins.demo_model import demo_model_dir, trained_model_dir
+    path = trained_model_dir()   # the model that answers (trained here, committed in the package)
+    path = demo_model_dir()      # the tiny random-weight model: built once into the user cache
 
 `MODELCALL_CACHE_DIR` overrides the cache root (default: platformdirs' user cache for "modelcall").
+`MODELCALL_DEMO_MODEL=random` makes the random one the default model (tests, throughput benchmarks).
+The trained model's tools: `modelcall.plugins.demo_model.tools` (`calculator`, `get_weather`).
 """
 from modelcall.plugins.demo_model.cache import build_demo_model, cache_root, demo_model_dir
 from modelcall.plugins.demo_model.build import BUILDER_VERSION
+from modelcall.plugins.demo_model.trained_dir import copy_trained_model, trained_model_dir
 
-__all__ = ["BUILDER_VERSION", "build_demo_model", "cache_root", "demo_model_dir"]
+__all__ = ["BUILDER_VERSION", "build_demo_model", "cache_root", "copy_trained_model", "demo_model_dir",
+           "trained_model_dir"]
