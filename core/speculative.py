@@ -34,11 +34,11 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     num_speculative_tokens: int = 5
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
-    # Adaptive back-off: after `min_drafts` drafted tokens, a request whose acceptance (an exponential
-    # average over drafted tokens) is below `min_acceptance` stops proposing for `backoff_steps` steps
-    # (doubled each time it fails again), then tries again.
+    # Adaptive back-off: after `min_drafts` drafts, a request whose acceptance (an exponential average,
+    # halving, of each draft's accepted fraction) is below `min_acceptance` stops proposing for
+    # `backoff_steps` steps (doubled each time it fails again), then tries again.
     min_acceptance: float = 0.3
-    min_drafts: int = 8
+    min_drafts: int = 2
     backoff_steps: int = 16
 
     def __post_init__(self) -> None:
@@ -84,12 +84,16 @@ class Proposer(Protocol):
 
 
 class _State:
-    __slots__ = ("drafted", "accepted", "rate", "resume_at", "backoff", "steps")
+    __slots__ = ("drafts", "drafted", "accepted", "rate", "resume_at", "backoff", "steps", "k")
 
-    def __init__(self, backoff: int) -> None:
+    def __init__(self, backoff: int, k: int) -> None:
+        # Draft length: starts short (a first guess that misses costs little), doubles while whole drafts
+        # are accepted, falls to one more than what was accepted on a miss.
+        self.k = k
+        self.drafts = 0         # drafts verified so far
         self.drafted = 0        # draft tokens verified so far
         self.accepted = 0       # of which accepted
-        self.rate = 1.0         # exponential average of acceptance per drafted token
+        self.rate = 1.0         # exponential average of each draft's accepted fraction
         self.resume_at = 0      # steps (of this request) before it proposes again
         self.backoff = backoff
         self.steps = 0          # decode steps seen
@@ -122,11 +126,11 @@ class Speculator:
         """Draft tokens for a decoding `request` this step (at most `max_tokens`), or []."""
         state = request.extra.get(STATE)
         if state is None:
-            state = request.extra[STATE] = _State(self.config.backoff_steps)
+            state = request.extra[STATE] = _State(self.config.backoff_steps, min(2, self.k))
         state.steps += 1
         if state.resume_at > state.steps:
             return []
-        k = min(self.k, max_tokens, request.max_tokens - request.num_output_tokens - 1)
+        k = min(state.k, max_tokens, request.max_tokens - request.num_output_tokens - 1)
         if k <= 0 or not self.eligible(request):
             return []
         return self.proposer.propose(request, k)[:k]
@@ -141,14 +145,13 @@ class Speculator:
         state = request.extra.get(STATE)
         if state is None:
             return
+        state.drafts += 1
         state.drafted += num_draft
         state.accepted += num_accepted
-        # NOTE: the average weighs each drafted token, so one long rejected draft counts as much as
-        # several short ones.
-        for j in range(num_draft):
-            state.rate = 0.9 * state.rate + (0.1 if j < num_accepted else 0.0)
+        state.k = min(2 * state.k, self.k) if num_accepted == num_draft else max(1, num_accepted + 1)
+        state.rate = 0.5 * state.rate + 0.5 * num_accepted / num_draft
         c = self.config
-        if state.drafted >= c.min_drafts and state.rate < c.min_acceptance:
+        if state.drafts >= c.min_drafts and state.rate < c.min_acceptance:
             state.resume_at = state.steps + state.backoff
             state.backoff *= 2
             state.rate = c.min_acceptance  # a fresh chance when it resumes

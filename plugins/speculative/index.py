@@ -31,10 +31,14 @@ class NgramIndex:
 
     def match(self, tokens: list[int]) -> tuple[int, int]:
         """(length, end) of the longest n-gram ending `tokens` seen earlier, or (0, -1)."""
+        # NOTE: shortest first: an n-gram seen earlier means its suffixes were too, so the first miss
+        # ends the search, and the common case (no match at all) costs one lookup.
         ends = self.ends
         size = len(tokens)
-        for n in range(min(self.max_n, size), self.min_n - 1, -1):
+        found = (0, -1)
+        for n in range(self.min_n, min(self.max_n, size) + 1):
             end = ends.get(tuple(tokens[size - n:]))
-            if end is not None:
-                return n, end
-        return 0, -1
+            if end is None:
+                break
+            found = (n, end)
+        return found
