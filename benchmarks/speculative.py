@@ -1,0 +1,162 @@
+"""Speculative decoding against speculation off, in one run: three workloads, output tokens per wall second.
+
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/speculative.py [--rounds 3] [--k 8]
+
+- retry:     agents that retry: each of 8 prompts sent, then sent again 3 times (random demo model,
+             suffix decoding: the retries are proposed the earlier output).
+- code-edit: the output repeats the prompt (an edit that keeps most of the file). Random weights never
+             copy, so the benchmark first trains a tiny copying model (the demo model's shape, a copy
+             task: x1..xn SEP -> x1..xn, a minute or so on CPU) and runs prompt lookup (ngram) on it.
+- w1:        nothing repeats: 16 requests of random prompt ids on the random demo model, ngram on.
+
+Greedy, end-of-sequence ignored, all requests of a round submitted at once. The off and on kernels
+run in alternation (off, on, off, on, ...) so machine noise hits both; the figure is the ratio of the
+medians. Outputs of on and off are compared token for token (greedy parity).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+
+from modelcall.core import Kernel, SamplingParams
+
+os.environ.setdefault("MODELCALL_DEMO_MODEL", "random")
+
+SEP = 9          # the copy task's separator id (ids 0..8 are the demo tokenizer's special tokens)
+COPY_LEN = 48    # tokens to copy
+COPY_VOCAB = range(10, 266)
+
+
+def train_copy_model(out: Path, steps: int, seed: int = 0) -> Path:
+    """A 2-layer Llama of the demo model's shape trained to repeat x1..xn after SEP (a fixed offset:
+    RoPE attention learns it quickly). The demo model's tokenizer files are copied next to it."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from modelcall.plugins.demo_model import demo_model_dir
+
+    src = Path(demo_model_dir())
+    cfg_json = json.loads((src / "config.json").read_text())
+    cfg_json["initializer_range"] = 0.02
+    torch.manual_seed(seed)
+    config = LlamaConfig(**{k: v for k, v in cfg_json.items() if k not in ("architectures", "transformers_version")})
+    model = LlamaForCausalLM(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    lo, hi = COPY_VOCAB.start, COPY_VOCAB.stop
+    n = COPY_LEN
+    t0 = time.perf_counter()
+    for step in range(steps):
+        x = torch.randint(lo, hi, (32, n))
+        seq = torch.cat([x, torch.full((32, 1), SEP), x], 1)
+        logits = model(input_ids=seq[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, n:].reshape(-1, logits.shape[-1]), seq[:, n + 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 50 == 0:
+            print(f"  copy model step {step} loss {loss.item():.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    for name in os.listdir(src):
+        if name.startswith("tokenizer") or name.endswith(".jinja"):
+            shutil.copyfile(src / name, out / name)
+    return out
+
+
+async def run_round(kernel: Kernel, waves: list[list[list[int]]], max_tokens: int) -> tuple[float, list]:
+    """Output tokens per wall second over `waves` (each wave's requests at once, waves in order)."""
+    kernel.kv.reset_prefix_cache()
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    outs: list = []
+    tokens = 0
+    t0 = time.perf_counter()
+    for wave in waves:
+        got: dict[int, list[int]] = {}
+
+        async def one(i: int, ids: list[int]) -> None:
+            done = await kernel.complete(prompt_token_ids=ids, params=params)
+            got[i] = done.token_ids
+
+        async with anyio.create_task_group() as tg:
+            for i, ids in enumerate(wave):
+                tg.start_soon(one, i, ids)
+        outs.extend(got[i] for i in range(len(wave)))
+        tokens += sum(len(v) for v in got.values())
+    return tokens / (time.perf_counter() - t0), outs
+
+
+async def compare(name: str, common: dict, spec: dict, waves, max_tokens: int, rounds: int) -> dict:
+    off = Kernel(**common)
+    on = Kernel(speculative_config=spec, **common)
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    same = True
+    async with off, on:
+        for k in (off, on):
+            while not k.ready:
+                await anyio.sleep(0.01)
+        await run_round(off, waves[:1], 8)   # warm-up
+        await run_round(on, waves[:1], 8)
+        s0 = (on.speculator.num_draft_tokens, on.speculator.num_accepted_tokens)
+        for _ in range(rounds):
+            r_off, o_off = await run_round(off, waves, max_tokens)
+            r_on, o_on = await run_round(on, waves, max_tokens)
+            rates["off"].append(r_off)
+            rates["on"].append(r_on)
+            same = same and o_off == o_on
+        sp = on.speculator
+        drafted, accepted = sp.num_draft_tokens - s0[0], sp.num_accepted_tokens - s0[1]
+    m_off, m_on = statistics.median(rates["off"]), statistics.median(rates["on"])
+    row = {"workload": name, "spec": spec, "off_tok_s": round(m_off, 1), "on_tok_s": round(m_on, 1),
+           "ratio": round(m_on / m_off, 3), "greedy_identical": same, "draft_tokens": drafted,
+           "accepted_tokens": accepted, "acceptance": round(accepted / drafted, 3) if drafted else None,
+           "rounds_off": [round(x, 1) for x in rates["off"]], "rounds_on": [round(x, 1) for x in rates["on"]]}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+async def main(args: argparse.Namespace) -> None:
+    from modelcall.plugins.demo_model import demo_model_dir
+
+    rng = random.Random(0)
+    k = args.k
+    base = {"dtype": "float32", "threads": args.threads, "max_num_seqs": 64, "num_kv_blocks": 2048}
+    base = {a: b for a, b in base.items() if b is not None}
+    rows = []
+    if "retry" in args.workloads:
+        prompts = [[rng.randrange(10, 2048) for _ in range(rng.randrange(32, 96))] for _ in range(8)]
+        waves = [prompts] * 4   # the first try, then 3 retries of each
+        rows.append(await compare("retry", {"model": demo_model_dir(), **base},
+                                  {"method": "suffix", "num_speculative_tokens": k}, waves, 96, args.rounds))
+    if "code-edit" in args.workloads:
+        model = train_copy_model(Path(tempfile.mkdtemp(prefix="modelcall-copy-")) / "model", args.train_steps)
+        lo, hi = COPY_VOCAB.start, COPY_VOCAB.stop
+        prompts = [[rng.randrange(lo, hi) for _ in range(COPY_LEN)] + [SEP] for _ in range(8)]
+        rows.append(await compare("code-edit", {"model": str(model), **base},
+                                  {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4,
+                                   "prompt_lookup_min": 2}, [prompts], COPY_LEN, args.rounds))
+    if "w1" in args.workloads:
+        prompts = [[rng.randrange(10, 2048) for _ in range(128)] for _ in range(16)]
+        rows.append(await compare("w1", {"model": demo_model_dir(), **base},
+                                  {"method": "ngram", "num_speculative_tokens": k}, [prompts], 128, args.rounds))
+    for r in rows:
+        print(f"{r['workload']:10s} off {r['off_tok_s']:8.1f} tok/s  on {r['on_tok_s']:8.1f} tok/s  "
+              f"x{r['ratio']:.2f}  acceptance {r['acceptance']}  identical {r['greedy_identical']}")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--train-steps", type=int, default=200)
+    p.add_argument("--workloads", default="retry,code-edit,w1")
+    anyio.run(main, p.parse_args())
