@@ -213,7 +213,8 @@ def test_one_metrics_and_one_ledger_cover_every_replica(server: ReplicatedServer
 
 
 def stream_chat(url: str, system: str, max_tokens: int, got: list, stop_after: int | None = None) -> None:
-    """One streamed chat; appends ('header', replica), then ('token', n) / ('error', msg) / ('done', n)."""
+    """One streamed chat; appends ('header', replica, status), then ('token', n) per content delta,
+    ('finish', reason), and ('done', n) or ('error', msg)."""
     body = {"model": "demo-model-1", "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": "go on"}]}
     n = 0
@@ -227,7 +228,10 @@ def stream_chat(url: str, system: str, max_tokens: int, got: list, stop_after: i
                 if "error" in chunk:
                     got.append(("error", chunk["error"]["message"]))
                     return
-                if chunk.get("choices") and chunk["choices"][0]["delta"].get("content") is not None:
+                choice = (chunk.get("choices") or [{}])[0]
+                if choice.get("finish_reason"):
+                    got.append(("finish", choice["finish_reason"]))
+                if choice.get("delta", {}).get("content"):
                     n += 1
                     got.append(("token", n))
                     if stop_after is not None and n >= stop_after:
@@ -292,7 +296,7 @@ def test_drain_refuses_new_requests_everywhere_and_lets_running_ones_finish(serv
         time.sleep(0.05)
     drained = server.call(server.kernel.drain(60.0), timeout=90)
     t.join(60)
-    assert drained and got[-1] == ("done", 24), got[-3:]
+    assert drained and got[-2] == ("finish", "length") and got[-1][0] == "done", got[-3:]
     r = requests.post(server.url + "/v1/chat/completions", timeout=30,
                    json={"model": "demo-model-1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
     assert r.status_code == 503 and r.json()["error"]["message"], r.text

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from typing import Any
 
 log = logging.getLogger("modelcall.scale")
@@ -39,11 +38,12 @@ def start_cluster(address: str | None, num_cpus: int | None = None, temp_dir: st
     if address:
         ray.init(address=address, runtime_env={"env_vars": env}, logging_level=logging.WARNING)
         return
-    # NOTE: a local cluster keeps its sockets and logs in a short temp path (unix socket paths are
-    # limited to ~107 bytes) and a small object store: only bytes of events cross it.
+    # NOTE: a local cluster keeps its sessions under RAY_TMPDIR (default /tmp/ray; unix socket paths
+    # are limited to ~107 bytes, keep it short) and a small object store: only event bytes cross it.
+    extra = {"_temp_dir": temp_dir} if temp_dir else {}
     ray.init(num_cpus=num_cpus or max(2, os.cpu_count() or 2), include_dashboard=False,
-             object_store_memory=80 * 2**20, _temp_dir=temp_dir or tempfile.mkdtemp(prefix="mcray-", dir="/tmp"),
-             runtime_env={"env_vars": env}, logging_level=logging.WARNING, configure_logging=False)
+             object_store_memory=80 * 2**20, runtime_env={"env_vars": env}, logging_level=logging.WARNING,
+             configure_logging=False, **extra)
 
 
 def deploy(config: dict[str, Any], plugins: list[str], blocked: list[str], num_replicas: int, *,
