@@ -5,6 +5,7 @@
 # GPU runs what the CPU tests ran; dependencies of dependencies are followed the same way.
 #
 #   scripts/build_device_wheels.sh [WHEEL_DIR]      # default .whl
+#   DEVICE_PYTHON_VERSION=3.11 scripts/build_device_wheels.sh /tmp/w   # wheels for this machine's Python (a rehearsal)
 #
 # PRESENT: what the device image already holds (/work/.library/device/KINDS.md, read 2026-11-17);
 # those are never carried, torch above all (its CUDA build is there).
@@ -23,15 +24,16 @@ pyparsing python-dateutil pyyaml regex requests rich safetensors scipy sentencep
 simplejson six sympy tiktoken tokenizers torch tqdm transformers triton typer typing-extensions typing-inspect
 urllib3 uvloop werkzeug wheel wrapt xxhash yarl zipp pytest pytest-timeout pytest-xdist hypothesis
 nvidia-cublas nvidia-cuda-runtime cuda-bindings cuda-toolkit"
-"$PY" - "$DIR" "$PRESENT" <<'PYEOF'
+"$PY" - "$DIR" "$PRESENT" "${DEVICE_PYTHON_VERSION:-3.12}" <<'PYEOF'
 import glob, importlib.metadata as md, re, subprocess, sys, zipfile
 from packaging.requirements import Requirement
 
+wheel_dir, present, PYVER = sys.argv[1], set(sys.argv[2].split()), sys.argv[3]
+
 TARGET = {"sys_platform": "linux", "platform_system": "Linux", "os_name": "posix", "platform_machine": "x86_64",
-          "python_version": "3.12", "python_full_version": "3.12.3", "implementation_name": "cpython",
+          "python_version": PYVER, "python_full_version": PYVER + ".0", "implementation_name": "cpython",
           "platform_python_implementation": "CPython", "extra": ""}
 
-wheel_dir, present = sys.argv[1], set(sys.argv[2].split())
 norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
 present = {norm(n) for n in present}
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34, 35, 39)] + ["manylinux2014_x86_64",
@@ -60,7 +62,7 @@ while todo:
     if name not in have:
         version = md.version(name)
         cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
-               "3.12", "--implementation", "cp", "-d", wheel_dir, f"{name}=={version}"]
+               PYVER, "--implementation", "cp", "-d", wheel_dir, f"{name}=={version}"]
         for p in PLATFORMS:
             cmd[5:5] = ["--platform", p]
         subprocess.run(cmd, check=True)
