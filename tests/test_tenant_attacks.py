@@ -23,6 +23,7 @@ from modelcall.testing.collector import EventCollector
 
 ALPHA, BETA, TEAM1, TEAM2 = "mc-alpha-0001", "mc-beta-0002", "mc-team-0003", "mc-team-0004"
 NARROW, SLOW, COUNTER, H1, H2 = "mc-narrow-005", "mc-slow-0006", "mc-counter-07", "mc-hyp-one-08", "mc-hyp-two-09"
+TOKENIZER_COUNTER = "mc-tok-counter-10"
 BLOCKED = "forbidden phrase"
 CAPS = {"max_messages": 6, "max_tools": 2, "max_stop_strings": 2, "max_stop_length": 12, "max_sequences_per_call": 4}
 KEY_PRIORITY = {"slow": 5, "hyp-one": 0, "hyp-two": 3}
@@ -38,6 +39,7 @@ def server(tmp_path_factory):
         NARROW: {"name": "narrow", "models": ["some-other-model"]},
         SLOW: {"name": "slow", "priority": KEY_PRIORITY["slow"]},
         COUNTER: {"name": "counter", "rpm": 2},
+        TOKENIZER_COUNTER: {"name": "tok-counter", "rpm": 2},
         H1: {"name": "hyp-one", "priority": KEY_PRIORITY["hyp-one"]},
         H2: {"name": "hyp-two", "priority": KEY_PRIORITY["hyp-two"]},
     })
@@ -171,6 +173,22 @@ def test_count_tokens_counts_against_the_keys_requests_per_minute(server):
     assert r.status_code == 429
     assert refused(server, "quota", 429) == before + 2
     assert len(ledger_rows(server, "key_name = 'counter' AND status = 429")) == 2
+
+
+def test_tokenizer_routes_pass_the_entry_like_count_tokens(server):
+    """/tokenize and /detokenize answer only what the key may do through the generating routes:
+    the served model's allowlist, the input filters, and one request against its rpm each."""
+    for path, body in (("/tokenize", {"prompt": "hi"}), ("/tokenize", {"messages": [{"role": "user", "content": "hi"}]}),
+                       ("/detokenize", {"tokens": [5, 6, 7]})):
+        r = post(server, path, NARROW, body)
+        assert r.status_code == 403, (path, r.status_code, r.text)
+    assert post(server, "/tokenize", ALPHA, {"prompt": f"say {BLOCKED} now"}).status_code == 400
+    ok = {"prompt": "count me"}
+    assert post(server, "/tokenize", TOKENIZER_COUNTER, ok).status_code == 200
+    assert post(server, "/detokenize", TOKENIZER_COUNTER, {"tokens": [5, 6]}).status_code == 200
+    r = post(server, "/tokenize", TOKENIZER_COUNTER, ok)
+    assert r.status_code == 429 and r.headers.get("retry-after"), r.text
+    assert len(ledger_rows(server, "key_name = 'tok-counter' AND status = 429")) == 1
 
 
 @pytest.mark.parametrize("what, path, body, param", [

@@ -83,6 +83,7 @@ async def tokenize(request: web.Request, ctx: ServingContext) -> web.Response:
     body = _decode(await request.read(), lambda obj: TokenizeChat if "messages" in obj else TokenizeCompletion)
     is_chat = type(body) is TokenizeChat
     ctx.check_model(body.model)
+    await _through_entry(ctx, body)
     tok = ctx.kernel.tokenizer
     try:
         if is_chat:
@@ -94,6 +95,20 @@ async def tokenize(request: web.Request, ctx: ServingContext) -> web.Response:
         raise as_api_error(e) from e
     strs = [ctx.token_text(t) for t in ids] if body.return_token_strs else None
     return _json(TokenizeResponse(count=len(ids), max_model_len=ctx.kernel.window, tokens=ids, token_strs=strs))
+
+
+async def _through_entry(ctx: ServingContext, body: TokenizeCompletion | TokenizeChat) -> None:
+    """The call passes the kernel's entry steps as count_tokens does (the key's model allowlist,
+    caps, input filters; one request against its rpm), so a tenant cannot use these routes to get
+    around what it may not do through the generating ones."""
+    if type(body) is TokenizeChat:
+        from modelcall.plugins.http.openai_chat import template_messages
+
+        tools = [msgspec.to_builtins(t) for t in body.tools] if body.tools else None
+        await ctx.count_tokens(messages=template_messages(body.messages), tools=tools,
+                               chat_template_kwargs=body.chat_template_kwargs)
+    elif body.prompt:
+        await ctx.count_tokens(prompt=body.prompt)
 
 
 def _render(tok: Any, body: TokenizeChat) -> str:
@@ -118,6 +133,8 @@ async def detokenize(request: web.Request, ctx: ServingContext) -> web.Response:
     bad = next((t for t in body.tokens if t >= vocab), None)
     if bad is not None:
         raise ApiError(400, f"token id {bad} is outside the vocabulary [0, {vocab})", param="tokens")
+    if body.tokens:
+        await ctx.count_tokens(prompt_token_ids=body.tokens)
     text = await anyio.to_thread.run_sync(lambda: ctx.kernel.tokenizer.decode(body.tokens, skip_special_tokens=False))
     return _json(DetokenizeResponse(prompt=text))
 
@@ -158,7 +175,7 @@ def routes(ctx: ServingContext) -> list[tuple[str, str, Any]]:
     """(method, path, handler) of the three routes, served for `ctx`'s kernel."""
     def bound(fn: Any) -> Any:
         async def route(request: web.Request) -> web.Response:
-            return await fn(request, ctx)
+            return await fn(request, ctx.bind(request))  # bound: the caller's key reaches the entry
         route.__doc__ = fn.__doc__
         return route
 
