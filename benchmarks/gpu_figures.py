@@ -268,6 +268,7 @@ async def parity(sz: dict, device: Any, dtype_name: str, scratch: str) -> dict:
                for i in range(sz["parity_prompts"])]
     ours = await engine_greedy(model_dir, str(device), dtype_name, prompts, sz["parity_tokens"])
     ref_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    ref_model.generation_config.eos_token_id = None   # like ignore_eos: every sequence has parity_tokens
     theirs = [reference_greedy(ref_model, p, sz["parity_tokens"], device) for p in prompts]
     exact = sum(a == b for a, b in zip(ours, theirs))
     result: dict[str, Any] = {"prompts": len(prompts), "tokens_each": sz["parity_tokens"], "identical": exact}
@@ -348,7 +349,8 @@ async def main(argv: list[str] | None = None) -> dict:
 
 def summary(out: dict) -> str:
     d, t, b = out.get("decode", {}), out.get("transformers_decode", {}), out.get("bandwidth", {})
-    lines = [f"device {out['device']['name']}  model {out['model']['parameters'] / 1e9:.3f}B {out['model']['dtype']}",
+    m = out.get("model", {})
+    lines = [f"device {out['device']['name']}  model {m.get('parameters', 0) / 1e9:.3f}B {m.get('dtype')}",
              f"copy bandwidth {b.get('bytes_per_s', 0) / 1e12:.3f} TB/s",
              f"decode @{d.get('concurrency')}: {d.get('output_tok_per_s')} tok/s, step {d.get('median_step_s')} s, "
              f"fraction of bandwidth {d.get('fraction_of_bandwidth')} (target 0.60)",
