@@ -11,7 +11,8 @@
 
 Greedy, end-of-sequence ignored, all requests of a round submitted at once. The off and on kernels
 run in alternation (off, on, off, on, ...) so machine noise hits both; the figure is the ratio of the
-medians. Outputs of on and off are compared token for token (greedy parity).
+medians (wall throughput), and of process CPU time per output token (higher is better for on; far
+less sensitive to other load on a shared machine). Outputs of on and off are compared token for token (greedy parity).
 """
 from __future__ import annotations
 
@@ -72,13 +73,14 @@ def train_copy_model(out: Path, steps: int, seed: int = 0) -> Path:
     return out
 
 
-async def run_round(kernel: Kernel, waves: list[list[list[int]]], max_tokens: int) -> tuple[float, list]:
-    """Output tokens per wall second over `waves` (each wave's requests at once, waves in order)."""
+async def run_round(kernel: Kernel, waves: list[list[list[int]]], max_tokens: int) -> tuple[float, list, float]:
+    """Output tokens per wall second over `waves` (each wave's requests at once, waves in order), the
+    outputs, and process CPU microseconds per output token (less sensitive to other load)."""
     kernel.kv.reset_prefix_cache()
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     outs: list = []
     tokens = 0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for wave in waves:
         got: dict[int, list[int]] = {}
 
@@ -91,13 +93,14 @@ async def run_round(kernel: Kernel, waves: list[list[list[int]]], max_tokens: in
                 tg.start_soon(one, i, ids)
         outs.extend(got[i] for i in range(len(wave)))
         tokens += sum(len(v) for v in got.values())
-    return tokens / (time.perf_counter() - t0), outs
+    return tokens / (time.perf_counter() - t0), outs, 1e6 * (time.process_time() - c0) / tokens
 
 
 async def compare(name: str, common: dict, spec: dict, waves, max_tokens: int, rounds: int) -> dict:
     off = Kernel(**common)
     on = Kernel(speculative_config=spec, **common)
     rates: dict[str, list[float]] = {"off": [], "on": []}
+    cpus: dict[str, list[float]] = {"off": [], "on": []}
     same = True
     async with off, on:
         for k in (off, on):
@@ -107,16 +110,22 @@ async def compare(name: str, common: dict, spec: dict, waves, max_tokens: int, r
         await run_round(on, waves[:1], 8)
         s0 = (on.speculator.num_draft_tokens, on.speculator.num_accepted_tokens)
         for _ in range(rounds):
-            r_off, o_off = await run_round(off, waves, max_tokens)
-            r_on, o_on = await run_round(on, waves, max_tokens)
+            r_off, o_off, c_off = await run_round(off, waves, max_tokens)
+            r_on, o_on, c_on = await run_round(on, waves, max_tokens)
             rates["off"].append(r_off)
             rates["on"].append(r_on)
+            cpus["off"].append(c_off)
+            cpus["on"].append(c_on)
             same = same and o_off == o_on
         sp = on.speculator
         drafted, accepted = sp.num_draft_tokens - s0[0], sp.num_accepted_tokens - s0[1]
     m_off, m_on = statistics.median(rates["off"]), statistics.median(rates["on"])
     row = {"workload": name, "spec": spec, "off_tok_s": round(m_off, 1), "on_tok_s": round(m_on, 1),
-           "ratio": round(m_on / m_off, 3), "greedy_identical": same, "draft_tokens": drafted,
+           "ratio": round(m_on / m_off, 3),
+           "cpu_us_per_token_off": round(statistics.median(cpus["off"]), 1),
+           "cpu_us_per_token_on": round(statistics.median(cpus["on"]), 1),
+           "cpu_ratio": round(statistics.median(cpus["off"]) / statistics.median(cpus["on"]), 3),
+           "greedy_identical": same, "draft_tokens": drafted,
            "accepted_tokens": accepted, "acceptance": round(accepted / drafted, 3) if drafted else None,
            "rounds_off": [round(x, 1) for x in rates["off"]], "rounds_on": [round(x, 1) for x in rates["on"]]}
     print(json.dumps(row), flush=True)
@@ -149,7 +158,7 @@ async def main(args: argparse.Namespace) -> None:
                                   {"method": "ngram", "num_speculative_tokens": k}, [prompts], 128, args.rounds))
     for r in rows:
         print(f"{r['workload']:10s} off {r['off_tok_s']:8.1f} tok/s  on {r['on_tok_s']:8.1f} tok/s  "
-              f"x{r['ratio']:.2f}  acceptance {r['acceptance']}  identical {r['greedy_identical']}")
+              f"x{r['ratio']:.2f}  (CPU per token: x{r['cpu_ratio']:.2f})  acceptance {r['acceptance']}  identical {r['greedy_identical']}")
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     # halving, of each draft's accepted fraction) is below `min_acceptance` stops proposing for
     # `backoff_steps` steps (doubled each time it fails again), then tries again.
     min_acceptance: float = 0.3
-    min_drafts: int = 2
+    min_drafts: int = 1
     backoff_steps: int = 16
 
     def __post_init__(self) -> None:
@@ -93,7 +93,9 @@ class _State:
         self.drafts = 0         # drafts verified so far
         self.drafted = 0        # draft tokens verified so far
         self.accepted = 0       # of which accepted
-        self.rate = 1.0         # exponential average of each draft's accepted fraction
+        # Exponential average of each draft's accepted fraction; a new request starts at 0.5, so a first
+        # draft that misses entirely already backs it off (a workload that never repeats pays little).
+        self.rate = 0.5
         self.resume_at = 0      # steps (of this request) before it proposes again
         self.backoff = backoff
         self.steps = 0          # decode steps seen

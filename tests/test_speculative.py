@@ -220,12 +220,20 @@ def test_adaptive_backoff_stops_a_request_that_keeps_missing() -> None:
     req = Request("r", [1, 2, 3, 1, 2], SamplingParams(), max_tokens=500)
     req.all_token_ids.append(3)
     proposed = 0
-    for _ in range(40):
+    for _ in range(100):
         draft = spec.draft(req, 8)
         if draft:
             proposed += 1
             spec.verified(req, len(draft), 0)
-    assert 3 <= proposed < 8   # stopped after a few misses, tried again after the back-off
+    assert 2 <= proposed <= 4   # a miss backs it off (16, then 32, 64 steps), and it tries again after
+    hit = Request("h", [1, 2, 3, 1, 2], SamplingParams(), max_tokens=500)
+    hit.all_token_ids.append(3)
+    lengths = []
+    for _ in range(4):   # every draft accepted: it keeps proposing, each draft longer, up to k
+        draft = spec.draft(hit, 8)
+        lengths.append(len(draft))
+        spec.verified(hit, len(draft), len(draft))
+    assert lengths == [2, 3, 3, 3]   # 2 first; then all the lookup finds (3 tokens here), k being 4
 
 
 def test_speculative_config_is_vllm_json_and_bad_input_is_refused() -> None:
