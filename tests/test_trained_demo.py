@@ -127,7 +127,7 @@ def test_held_out_arithmetic_is_answered_through_the_calculator(served, capsys):
     assert right >= 18, seen
 
 
-@NOT_COPYING
+@pytest.mark.xfail(reason="issue 19: the committed model copies some cities only (New York passes)")
 @pytest.mark.parametrize("question,city", [
     ("What's the weather in Paris?", "Paris"), ("How is the weather in Tokyo?", "Tokyo"),
     ("Tell me the weather in New York.", "New York"), ("东京的天气怎么样？", "东京"),
@@ -141,16 +141,17 @@ def test_weather_questions_call_get_weather_with_the_city_asked(served, capsys, 
 
 
 def test_the_agent_command_runs_in_its_own_process(served):
+    """The whole loop through the real CLI: the model's call parsed by the server, run by the agent with
+    the city asked, the report fed back, the answer built on it (one of the cities it copies today)."""
     out = subprocess.run([BIN, "agent", "--base-url", served, "--tools", *TOOLS, "--json",
-                          "--param", "temperature=0", "What is 123 + 456?"],
+                          "--param", "temperature=0", "Tell me the weather in New York."],
                          capture_output=True, text=True, timeout=180)
     result = json.loads(out.stdout)
-    # the whole loop: the model's call is parsed by the server, run by the agent, its result fed back,
-    # and the model answers after it (what the arguments hold: see the NOTE above)
     assert out.returncode == 0 and result["status"] == "answered", out.stderr
     (call,) = result["tool_calls"]
-    assert call["name"] == "calculator" and call["status"] == "ok" and set(json.loads(call["arguments"])) == {"expression"}
-    assert [r["finish_reason"] for r in result["requests"]] == ["tool_calls", "stop"] and result["answer"]
+    assert call["name"] == "get_weather" and call["status"] == "ok" and json.loads(call["arguments"]) == {"city": "New York"}
+    assert [r["finish_reason"] for r in result["requests"]] == ["tool_calls", "stop"]
+    assert f"{weather_of('New York')['temperature_c']}°C" in result["answer"]
 
 
 # ---- the committed weights ------------------------------------------------------------------------

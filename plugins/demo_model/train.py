@@ -40,7 +40,7 @@ MODEL = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_at
 # Two phases: everything (the formats, the facts), then mostly the tool chats, where the model has to
 # learn to copy (the expression, the city, the result); the first phase alone learns the formats only.
 TRAIN = dict(chats=14000, steps=600, batch=32, lr=3e-3, warmup=50, weight_decay=0.01,
-             copy_steps=700, copy_lr=2e-3, copy_warmup=20, copy_facts=0.1)
+             copy_steps=700, copy_lr=2e-3, copy_warmup=20, copy_facts=0.1, more_copy_steps=[500])
 
 
 def build_tokenizer(texts: list[str]):  # -> transformers.PreTrainedTokenizerFast
@@ -117,7 +117,7 @@ def tokenize_rows(tok: Any, rows: list[tuple[tuple[str, list[tuple[str, bool]]],
 
 
 def train(out_dir: str, *, steps: int | None = None, threads: int = 1, log: Any = print,
-          resume: str | None = None) -> dict[str, Any]:
+          resume: str | None = None, resume_phases: int = 1) -> dict[str, Any]:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -141,12 +141,13 @@ def train(out_dir: str, *, steps: int | None = None, threads: int = 1, log: Any 
     phases = [("all", TRAIN["steps"] if steps is None else steps, TRAIN["lr"], TRAIN["warmup"])]
     if steps is None:
         phases.append(("tools", TRAIN["copy_steps"], TRAIN["copy_lr"], TRAIN["copy_warmup"]))
+        phases += [("tools", n, TRAIN["copy_lr"], TRAIN["copy_warmup"]) for n in TRAIN.get("more_copy_steps", [])]
     done = 0
     if resume:
         # NOTE: resume=DIR holds the first phase's weights (a run stopped after it); the phases after
         # it start from a fresh optimizer and their own seeded order either way, so the result is the same.
         model.load_state_dict(LlamaForCausalLM.from_pretrained(resume, dtype=torch.float32).state_dict())
-        done = 1
+        done = resume_phases
     for n, (kind, phase_steps, lr, warmup) in enumerate(phases):
         if n < done:
             continue
@@ -334,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                    "modelcall_demo.json")
     p.add_argument("--steps", type=int, help="only the first phase, this many steps (a quick trial)")
     p.add_argument("--resume", metavar="DIR", help="a first phase's output: run the phases after it")
+    p.add_argument("--resume-phases", type=int, default=1, metavar="N", help="phases DIR already holds")
     # NOTE: one thread: on this shared 2-core machine two threads ran a matmul at half the speed of one.
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
@@ -345,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if got == claimed else 1
     if not a.out:
         p.error("give --out DIR or --check DIR")
-    meta = train(a.out, steps=a.steps, threads=a.threads, resume=a.resume)
+    meta = train(a.out, steps=a.steps, threads=a.threads, resume=a.resume, resume_phases=a.resume_phases)
     print(json.dumps(meta["accuracy"], indent=2))
     return 0
 
