@@ -16,7 +16,7 @@ def commands() -> list[Command]:
     from modelcall.plugins.cli.main import Command
     return [
         Command("generate", "generate text from a prompt, streamed to stdout", configure_generate, run_generate),
-        Command("demo-model", "write the built-in demo model (the trained one; --random: the random Llama)",
+        Command("demo-model", "write the built-in demo model (the random Llama; --trained: the trained one)",
                 configure_demo_model, run_demo_model),
     ]
 
@@ -72,13 +72,15 @@ async def run_generate(args: argparse.Namespace) -> int:
 
 def configure_demo_model(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out_dir", metavar="OUT_DIR", help="a new or empty directory")
-    parser.add_argument("--random", action="store_true",
-                        help="the tiny random-weight model (tests, throughput) instead of the trained one")
+    kind = parser.add_mutually_exclusive_group()
+    kind.add_argument("--random", action="store_true", help="the tiny random-weight model (the default)")
+    kind.add_argument("--trained", action="store_true",
+                      help="the small model trained on the project's synthetic tool chats")
 
 
 def run_demo_model(args: argparse.Namespace) -> int:
     from modelcall.plugins.demo_model import build_demo_model, copy_trained_model
 
-    path = build_demo_model(args.out_dir) if args.random else copy_trained_model(args.out_dir)
+    path = copy_trained_model(args.out_dir) if args.trained else build_demo_model(args.out_dir)
     print(path)
     return 0

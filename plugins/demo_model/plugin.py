@@ -1,9 +1,10 @@
 """Provides the demo model's directory when no model is configured, and hosts its two tools.
 
-Which demo model: the trained one (committed in the package, `trained/`) unless the environment
-says `MODELCALL_DEMO_MODEL=random`, the seeded random-weight model built into the user cache. The
-test suite and the throughput benchmarks ask for the random one (its outputs are the references of
-hundreds of tests, and it is smaller and faster); `modelcall serve` with no flags serves the trained one.
+Which demo model: the seeded random-weight model built into the user cache, unless the environment
+says `MODELCALL_DEMO_MODEL=trained` (the model trained here, committed in the package, `trained/`).
+NOTE: the trained model becomes the default once it meets issue 19's bar (>= 18 of 20 held-out
+arithmetic questions through the calculator); today it gets 1 of 40, so a newcomer's `modelcall
+serve` keeps the model whose behaviour every client of the first release was checked against.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ KINDS = ("trained", "random")
 
 
 def wanted_kind() -> str:
-    kind = os.environ.get(DEMO_MODEL_ENV, "").strip().lower() or "trained"
+    kind = os.environ.get(DEMO_MODEL_ENV, "").strip().lower() or "random"
     if kind not in KINDS:
         from modelcall.core.errors import ConfigError
         raise ConfigError(f"{DEMO_MODEL_ENV}={kind!r}: give one of {', '.join(KINDS)}")
