@@ -1,6 +1,7 @@
 """Prefix-block keys computed outside the KV cache, for routing a request to where its prefix lives.
 
-The chain is the one the paged KV cache keys its full blocks by (plugins/kv_cache/hashing.py):
+The chain is the one the paged KV cache keys its full blocks by (plugins/kv_cache/hashing.py
+builds its per-request chain from these two functions):
 
     key(block -1) = sha256(model identity ‖ adapter ‖ cache salt)
     key(block i)  = sha256(key(block i-1) ‖ int64 token ids of block i)

@@ -9,22 +9,10 @@ predictable, and a crafted collision would let one tenant read another's cached 
 """
 from __future__ import annotations
 
-import hashlib
-from array import array
-from collections.abc import Sequence
-
+from modelcall.core.prefix_keys import block_key, root_key
 from modelcall.core.request import Request
 
-
-def root_key(identity: str, adapter: object, cache_salt: str | None) -> bytes:
-    parts = (identity, "" if adapter is None else repr(adapter), "" if cache_salt is None else cache_salt)
-    return hashlib.sha256("\0".join(parts).encode("utf-8", "surrogatepass")).digest()
-
-
-def block_key(parent: bytes, token_ids: Sequence[int]) -> bytes:
-    h = hashlib.sha256(parent)
-    h.update(array("q", token_ids).tobytes())
-    return h.digest()
+__all__ = ["block_key", "extend_block_hashes", "root_key"]
 
 
 def extend_block_hashes(request: Request, num_blocks: int, block_size: int, identity: str) -> list[bytes]:
