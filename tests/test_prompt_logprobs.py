@@ -185,3 +185,10 @@ def test_unsupported_scoring_combinations_are_clear_400s(server, body, param):
     r = _post(server, "/v1/completions", body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+def test_streamed_chat_refuses_prompt_logprobs_instead_of_dropping_them(server):
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": True, "prompt_logprobs": 1}
+    r = _post(server, "/v1/chat/completions", body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "prompt_logprobs"

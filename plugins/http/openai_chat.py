@@ -32,6 +32,11 @@ async def handle(request: web.Request, ctx: ServingContext, body: ChatCompletion
     submit_kw["task_id"] = task_id_of(request)
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
+    if body.stream and body.prompt_logprobs is not None:
+        # NOTE: refused rather than computed and dropped: a streamed chat chunk has no place for them
+        raise ApiError(400, "prompt_logprobs is returned on whole chat responses only: send stream: false, "
+                            "or use /v1/completions (whose stream carries them in its first chunk)",
+                       param="prompt_logprobs")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     max_tokens = body.max_completion_tokens or body.max_tokens
     params = sampling_params(sampling_fields(body, max_tokens=max_tokens, logprobs=logprobs), body.n)
