@@ -202,14 +202,22 @@ class Engine:
                 rec.first_token = t
                 events.append(PrefillDone(request_id=req.request_id, task_id=req.task_id, ts=t, first_token_id=token))
             rec.last_token = t
-            out = rec.output.on_token(req, token, self.window, logprobs[i] if logprobs is not None else None)
-            events.append(TokensEmitted(request_id=req.request_id, task_id=req.task_id, ts=t, token_ids=(token,),
-                                        text=out.text, logprobs=out.logprobs, tool_calls=out.tool_calls,
-                                        reasoning=out.reasoning, reasoning_tokens=out.reasoning_tokens))
-            if out.calls:
-                self._requested(rec, out, events)
-            if out.reason is not None:
-                self._finish(rec, out, t, events, emitted=True)
+            self._emit(rec, token, logprobs[i] if logprobs is not None else None, t, events)
+
+    def _emit(self, rec: RequestRecord, token: int, logprobs: Any, t: float, events: list) -> bool:
+        """One appended token through the request's output stage: its TokensEmitted, any complete
+        calls, and its end when the stage stops it (True then)."""
+        req = rec.request
+        out = rec.output.on_token(req, token, self.window, logprobs)
+        events.append(TokensEmitted(request_id=req.request_id, task_id=req.task_id, ts=t, token_ids=(token,),
+                                    text=out.text, logprobs=out.logprobs, tool_calls=out.tool_calls,
+                                    reasoning=out.reasoning, reasoning_tokens=out.reasoning_tokens))
+        if out.calls:
+            self._requested(rec, out, events)
+        if out.reason is None:
+            return False
+        self._finish(rec, out, t, events, emitted=True)
+        return True
 
     def _apply_draft(self, chunk: Any, tokens: list[int], t: float, events: list) -> None:
         """A verified draft: append the accepted drafts and the one more token (stopping where the
@@ -222,14 +230,7 @@ class Engine:
         rec.last_token = t
         for token in tokens:
             req.all_token_ids.append(token)
-            out = rec.output.on_token(req, token, self.window, None)
-            events.append(TokensEmitted(request_id=req.request_id, task_id=req.task_id, ts=t, token_ids=(token,),
-                                        text=out.text, logprobs=out.logprobs, tool_calls=out.tool_calls,
-                                        reasoning=out.reasoning, reasoning_tokens=out.reasoning_tokens))
-            if out.calls:
-                self._requested(rec, out, events)
-            if out.reason is not None:
-                self._finish(rec, out, t, events, emitted=True)
+            if self._emit(rec, token, None, t, events):
                 return
         # NOTE: the K/V written for the known token and every accepted draft is what the model would
         # have written one token at a time; the last token appended is the only one not computed.

@@ -12,7 +12,7 @@ published once as `RequestRejected` naming the step, so the ledger and /metrics 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 import msgspec
@@ -181,10 +181,7 @@ class Entry:
         except ModelcallError:
             raise
         except Exception as e:
-            err = _input_error(e, inp)
-            if err is e:
-                raise
-            raise err from e
+            _raise_input_error(e, inp)
 
     async def _chat(self, inp: EntryInput, params: SamplingParams, policy: str, at: list[str]
                     ) -> tuple[int, dict[str, int] | None, dict[str, Any] | None, list[int]]:
@@ -200,10 +197,7 @@ class Entry:
             except ModelcallError:
                 raise
             except Exception as e:
-                err = _input_error(e, inp)
-                if err is e:
-                    raise
-                raise err from e
+                _raise_input_error(e, inp)
             at[0] = "context budget"
             return admit_chat(tok, messages, tools, kw, ids,
                               lambda n: resolve_max_tokens(n, params, k.window, k.kv), policy)
@@ -297,13 +291,13 @@ async def _decoded(tok: Any, ids: list[int]) -> list[str]:
     return decode() if len(ids) <= INLINE_DECODE else await anyio.to_thread.run_sync(decode)
 
 
-def _input_error(e: Exception, inp: EntryInput) -> Exception:
-    """A template's raise_exception or odd unicode is the input's fault (InvalidRequest, never a
-    500); anything else (a bug) is returned unchanged."""
+def _raise_input_error(e: Exception, inp: EntryInput) -> NoReturn:
+    """Raise, for an exception met while preparing the prompt: a template's raise_exception or odd
+    unicode is the input's fault (InvalidRequest, never a 500); anything else (a bug) as it was."""
     if isinstance(e, (ValueError, TypeError, UnicodeError, LookupError)) or _is_template_error(e):
-        return InvalidRequest(f"the prompt could not be prepared: {type(e).__name__}: {e}",
-                              field="messages" if inp.messages is not None else "prompt")
-    return e
+        raise InvalidRequest(f"the prompt could not be prepared: {type(e).__name__}: {e}",
+                             field="messages" if inp.messages is not None else "prompt") from e
+    raise e
 
 
 def _is_template_error(e: BaseException) -> bool:

@@ -108,16 +108,9 @@ class TorchSampler:
         return tokens.tolist()
 
     def _draw(self, x: torch.Tensor, reqs: list[Any]) -> torch.Tensor:
-        dev, vocab = x.device, x.shape[1]
+        dev = x.device
         ps = [r.params for r in reqs]
-        x = x / torch.tensor([p.temperature for p in ps], device=dev)[:, None]
-        top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in ps]
-        if min(top_k) < vocab or any(p.top_p < 1.0 for p in ps):
-            x = _top_k_top_p(x, top_k, [p.top_p for p in ps])
-        probs = torch.softmax(x, -1)
-        if any(p.min_p > 0.0 for p in ps):
-            min_p = torch.tensor([p.min_p for p in ps], device=dev)[:, None]
-            probs = probs.masked_fill(probs < min_p * probs.max(-1, keepdim=True).values, 0.0)
+        probs = self.target_probs(x, reqs)
         # NOTE: argmax(p / E) with E ~ Exp(1) draws from p (the exponential race); each seeded request
         # draws its noise from its own generator, so its text does not depend on its batch-mates.
         noise = torch.empty_like(probs)
