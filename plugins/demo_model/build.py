@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import sysconfig
+from typing import Any
 
 from modelcall.plugins.demo_model.template import CHAT_TEMPLATE
 
@@ -33,17 +34,25 @@ def corpus_files() -> list[str]:
 
 
 def build_tokenizer():  # -> transformers.PreTrainedTokenizerFast
+    """The random demo model's tokenizer, trained on the standard library's sources."""
+    return bpe_tokenizer(lambda tok, trainer: tok.train(corpus_files(), trainer), SPLIT,
+                         MODEL["max_position_embeddings"])
+
+
+def bpe_tokenizer(train: Any, split: str, max_len: int):  # -> transformers.PreTrainedTokenizerFast
+    """A byte-level BPE tokenizer (NFC, `split` then bytes, VOCAB_SIZE, the ChatML specials and tags)
+    that `train(tokenizer, trainer)` trains; the demo models' one recipe, corpus aside."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(SPLIT), behavior="isolated"),
+        pre_tokenizers.Split(Regex(split), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     # The full byte alphabet makes every string encodable (CJK, emoji: as bytes when no merge covers them).
-    tok.train(corpus_files(), trainers.BpeTrainer(
+    train(tok, trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE, special_tokens=SPECIAL + TAGS, show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     # Like Qwen: the tags are added tokens but not special, so they survive skip_special_tokens
@@ -53,7 +62,7 @@ def build_tokenizer():  # -> transformers.PreTrainedTokenizerFast
         added["special"] = added["content"] in SPECIAL
     tok = Tokenizer.from_str(json.dumps(spec))
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                 model_max_length=MODEL["max_position_embeddings"])
+                                 model_max_length=max_len)
     hf.chat_template = CHAT_TEMPLATE
     return hf
 

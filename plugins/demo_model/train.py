@@ -23,13 +23,12 @@ import time
 from typing import Any
 
 from modelcall.plugins.demo_model import corpus
-from modelcall.plugins.demo_model.build import SPECIAL, TAGS
+from modelcall.plugins.demo_model.build import bpe_tokenizer
 from modelcall.plugins.demo_model.template import CHAT_TEMPLATE
 from modelcall.plugins.demo_model.tools import calculator, format_number, evaluate, weather_of
 
 TRAINER_VERSION = "1"
 SEED = 0
-VOCAB_SIZE = 2048
 # The stdlib tokenizer's split, plus one piece per Han character, so a Chinese city name is the same
 # tokens in the question and in the call's arguments (copying is then easy).
 SPLIT = (r"\p{Han}|(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -44,26 +43,9 @@ TRAIN = dict(chats=14000, steps=600, batch=32, lr=3e-3, warmup=50, weight_decay=
 
 
 def build_tokenizer(texts: list[str]):  # -> transformers.PreTrainedTokenizerFast
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE, special_tokens=SPECIAL + TAGS, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    spec = json.loads(tok.to_str())
-    for added in spec["added_tokens"]:  # as the random demo model: tags are added, not special
-        added["special"] = added["content"] in SPECIAL
-    tok = Tokenizer.from_str(json.dumps(spec))
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                 model_max_length=MODEL["max_position_embeddings"])
-    hf.chat_template = CHAT_TEMPLATE
-    return hf
+    """The random demo model's tokenizer recipe trained on the corpus, with this model's split."""
+    return bpe_tokenizer(lambda tok, trainer: tok.train_from_iterator(texts, trainer), SPLIT,
+                         MODEL["max_position_embeddings"])
 
 
 def render(tok: Any, messages: list[dict], tools: list[dict] | None, gen: bool = False) -> str:
