@@ -96,6 +96,18 @@ def provide_proposer(config: Any, spec_config: Any) -> Any:
 
 
 @hookspec(firstresult=True)
+def provide_replicated_kernel(config: Any, plugins: Any, blocked: Any, num_replicas: int,
+                              ray_address: Any) -> Any:
+    """Return a kernel-like object that serves `config` (a KernelConfig) with `num_replicas`
+    replicas, or joins the cluster at `ray_address`; `modelcall serve --replicas N` holds it
+    instead of a Kernel. It must offer what the HTTP front end uses of a Kernel (`submit`,
+    `count_tokens`, `abort`, `tokenizer`, `model_name`, `bus`, `host`, `stats`, `drain`, and
+    `async with`). `plugins` and `blocked` are what each replica loads. Return None to decline;
+    with no provider, `--replicas` is refused with the extra to install (the built-in one,
+    plugins/scale on Ray Serve, needs `modelcall[scale]`)."""
+
+
+@hookspec(firstresult=True)
 def provide_constraint_backend(config: Any, tokenizer: Any, model_dir: str) -> Any:
     """Return a `modelcall.core.constraints.ConstraintBackend` (a grammar engine over `tokenizer`'s
     vocabulary) for `response_format` and forced `tool_choice`, or None. Optional: without one,

@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from modelcall.core import Kernel
+from modelcall.core.host import PluginHost
 from modelcall.plugins.http.app import INFLIGHT, create_app
 from modelcall.plugins.http.settings import ServerSettings
 
@@ -49,11 +50,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--tools-config", metavar="FILE", help="TOML or JSON file of [[servers]] (MCP servers over stdio "
                    "or streamable HTTP) whose tools run inside /v1/responses requests (docs/server-tools.md)")
     r = parser.add_argument_group("replicas (the scale extra: Ray Serve; docs/scale.md)")
-    r.add_argument("--replicas", type=int, default=None, metavar="N",
+    r.add_argument("--replicas", type=_replica_count, default=None, metavar="N",
                    help="serve N kernel replicas on Ray Serve behind this front end, routed by prefix")
     r.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (default: start a local one)")
     t.add_argument("--responses-store", metavar="PATH", help="SQLite file of stored responses (default: in memory, "
                    "bounded; docs/responses.md)")
+
+
+def _replica_count(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
 
 
 def _add_kernel_options(parser: argparse.ArgumentParser) -> None:
@@ -122,14 +130,16 @@ def _kernel_from_args(args: argparse.Namespace) -> Kernel:
 
 
 def _replicated(args: argparse.Namespace, kernel: Kernel) -> Any:
-    """The kernel's configuration served by N replicas on Ray Serve (a kernel-like RemoteKernel)."""
-    try:
-        from modelcall.plugins.scale.remote import RemoteKernel
-    except ImportError as e:
-        raise SystemExit(f"--replicas needs the scale extra: pip install 'modelcall[scale]' ({e})") from None
-    return RemoteKernel(kernel.config, plugins=tuple(getattr(args, "plugins", ())),
-                        blocked=tuple(getattr(args, "blocked", ())), num_replicas=args.replicas or 1,
-                        ray_address=args.ray_address)
+    """The kernel's configuration served by N replicas: whatever plugin provides
+    `provide_replicated_kernel` (the built-in one is plugins/scale, on Ray Serve)."""
+    plugins, blocked = tuple(getattr(args, "plugins", ())), tuple(getattr(args, "blocked", ()))
+    host = PluginHost(plugins, blocked=blocked)
+    replicated = host.pm.hook.provide_replicated_kernel(
+        config=kernel.config, plugins=plugins, blocked=blocked, num_replicas=args.replicas or 1,
+        ray_address=args.ray_address)
+    if replicated is None:
+        raise SystemExit("--replicas needs a plugin that provides replicas: pip install 'modelcall[scale]'")
+    return replicated
 
 
 def run(args: argparse.Namespace) -> int:
