@@ -101,6 +101,9 @@ def _paged(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, step: StepB
            gqa: bool, group: int = 0) -> torch.Tensor:
     """Attention of the paged group's tokens over their requests' cached context: [n, Hq, D]."""
     slots = step.paged_slots if group == 0 else step.group_paged_slots[group - 1]
+    if step.scratch.get("attention_backend") == "triton":   # CUDA (or Triton's interpreter in tests)
+        from modelcall.plugins.runner import cuda_attention
+        return cuda_attention.paged_step(q_rows, kc, vc, step, var, slots, group)
     if cpu_kernel.usable(q_rows, kc):
         return cpu_kernel.paged_attention(q_rows, kc, vc, step, var.scale, var.window or 0, var.softcap or 0.0,
                                           var.sinks, slots)

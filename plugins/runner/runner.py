@@ -59,6 +59,13 @@ class TorchModelRunner:
         # itself): Granite divides by logits_scaling, Cohere multiplies by logit_scale.
         self.logit_mult = _logit_multiplier(model, hf_config)
         self.sampler = sampler
+        # The paged group's attention: the Triton kernel on CUDA (plugins/runner/cuda_attention.py), else None
+        # (attention.py's C kernel on CPU, the portable torch path elsewhere); runner `attention` forces one.
+        self.attention_backend = None
+        runner_cfg = config.plugin_config.get("runner") or {}
+        if p.device.type == "cuda" or runner_cfg.get("attention") == "triton":
+            from modelcall.plugins.runner import cuda_attention
+            self.attention_backend = cuda_attention.choose_backend(runner_cfg.get("attention"), p.device)
         self.spec = build_spec(model_dir, config, hf_config, hf_json, p, self.probe_layer_windows(hf_config))
         self.groups = kv_groups(self.spec.layer_windows, self.spec.num_layers)
         self.group_size = max(len(g.layers) for g in self.groups)
@@ -170,6 +177,8 @@ class TorchModelRunner:
             step = build_step(plan, self.block_size, self.placement.device, len(self.groups))
             step.kv = self.kv
             step.scratch["layer_windows"] = self.spec.layer_windows   # attention checks each layer's against it
+            if self.attention_backend:
+                step.scratch.update(attention_backend=self.attention_backend, block_size=self.block_size)
             if len(self.groups) > 1:
                 step.scratch["layer_group"] = self.layer_group
             hidden = self._forward(step)
