@@ -8,6 +8,10 @@
              copy, so the benchmark first trains a tiny copying model (the demo model's shape, a copy
              task: x1..xn SEP -> x1..xn, a minute or so on CPU) and runs prompt lookup (ngram) on it.
 - w1:        nothing repeats: 16 requests of random prompt ids on the random demo model, ngram on.
+- w1ref:     the project's W1 (../shared/bench/make_reference_model.py --size w1, built into a temp dir:
+             58.5M parameters, bf16, 32 requests of 128 prompt ids of argparse.py, 128 new tokens),
+             ngram on. Its random weights do repeat themselves (greedy output falls into loops), so
+             prompt lookup finds real hits there: this is not a "nothing repeats" workload.
 
 Greedy, end-of-sequence ignored, all requests of a round submitted at once. The off and on kernels
 run in alternation (off, on, off, on, ...) so machine noise hits both; the figure is the ratio of the
@@ -22,6 +26,8 @@ import os
 import random
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,6 +38,7 @@ from modelcall.core import Kernel, SamplingParams
 
 os.environ.setdefault("MODELCALL_DEMO_MODEL", "random")
 
+REPO = Path(__file__).resolve().parent.parent
 SEP = 9          # the copy task's separator id (ids 0..8 are the demo tokenizer's special tokens)
 COPY_LEN = 48    # tokens to copy
 COPY_VOCAB = range(10, 266)
@@ -73,6 +80,13 @@ def train_copy_model(out: Path, steps: int, seed: int = 0) -> Path:
     return out
 
 
+def build_reference_model(out: Path) -> tuple[Path, Path]:
+    """The project's W1 model and workload (../shared/bench/make_reference_model.py, same bytes every time)."""
+    script = Path(os.environ.get("SHARED_DIR", REPO.parent / "shared")) / "bench" / "make_reference_model.py"
+    subprocess.run([sys.executable, str(script), str(out), "--size", "w1"], check=True, capture_output=True)
+    return out / "model", out / "w1.jsonl"
+
+
 async def run_round(kernel: Kernel, waves: list[list[list[int]]], max_tokens: int) -> tuple[float, list, float]:
     """Output tokens per wall second over `waves` (each wave's requests at once, waves in order), the
     outputs, and process CPU microseconds per output token (less sensitive to other load)."""
@@ -108,7 +122,9 @@ async def compare(name: str, common: dict, spec: dict, waves, max_tokens: int, r
                 await anyio.sleep(0.01)
         await run_round(off, waves[:1], 8)   # warm-up
         await run_round(on, waves[:1], 8)
-        s0 = (on.speculator.num_draft_tokens, on.speculator.num_accepted_tokens)
+        sp = on.speculator
+        s0 = (sp.num_draft_tokens, sp.num_accepted_tokens, sp.num_proposer_calls, off.engine.step_count,
+              on.engine.step_count)
         for _ in range(rounds):
             r_off, o_off, c_off = await run_round(off, waves, max_tokens)
             r_on, o_on, c_on = await run_round(on, waves, max_tokens)
@@ -117,8 +133,9 @@ async def compare(name: str, common: dict, spec: dict, waves, max_tokens: int, r
             cpus["off"].append(c_off)
             cpus["on"].append(c_on)
             same = same and o_off == o_on
-        sp = on.speculator
         drafted, accepted = sp.num_draft_tokens - s0[0], sp.num_accepted_tokens - s0[1]
+        calls, steps_off, steps_on = (sp.num_proposer_calls - s0[2], off.engine.step_count - s0[3],
+                                      on.engine.step_count - s0[4])
     m_off, m_on = statistics.median(rates["off"]), statistics.median(rates["on"])
     row = {"workload": name, "spec": spec, "off_tok_s": round(m_off, 1), "on_tok_s": round(m_on, 1),
            "ratio": round(m_on / m_off, 3),
@@ -127,7 +144,9 @@ async def compare(name: str, common: dict, spec: dict, waves, max_tokens: int, r
            "cpu_ratio": round(statistics.median(cpus["off"]) / statistics.median(cpus["on"]), 3),
            "greedy_identical": same, "draft_tokens": drafted,
            "accepted_tokens": accepted, "acceptance": round(accepted / drafted, 3) if drafted else None,
-           "rounds_off": [round(x, 1) for x in rates["off"]], "rounds_on": [round(x, 1) for x in rates["on"]]}
+           "proposer_calls": calls, "steps_off": steps_off, "steps_on": steps_on,
+           "rounds_off": [round(x, 1) for x in rates["off"]], "rounds_on": [round(x, 1) for x in rates["on"]],
+           "cpu_rounds_off": [round(x, 1) for x in cpus["off"]], "cpu_rounds_on": [round(x, 1) for x in cpus["on"]]}
     print(json.dumps(row), flush=True)
     return row
 
@@ -156,6 +175,14 @@ async def main(args: argparse.Namespace) -> None:
         prompts = [[rng.randrange(10, 2048) for _ in range(128)] for _ in range(16)]
         rows.append(await compare("w1", {"model": demo_model_dir(), **base},
                                   {"method": "ngram", "num_speculative_tokens": k}, [prompts], 128, args.rounds))
+    if "w1ref" in args.workloads:
+        model, dataset = build_reference_model(Path(tempfile.mkdtemp(prefix="modelcall-w1ref-")))
+        rows_w1 = [json.loads(line) for line in dataset.read_text().splitlines() if line.strip()]
+        prompts = [r["prompt_token_ids"] for r in rows_w1]
+        ref = {**base, "dtype": "auto"}   # the model's own bf16
+        rows.append(await compare("w1ref", {"model": str(model), **ref},
+                                  {"method": "ngram", "num_speculative_tokens": k}, [prompts],
+                                  rows_w1[0]["max_tokens"], args.rounds))
     for r in rows:
         print(f"{r['workload']:10s} off {r['off_tok_s']:8.1f} tok/s  on {r['on_tok_s']:8.1f} tok/s  "
               f"x{r['ratio']:.2f}  (CPU per token: x{r['cpu_ratio']:.2f})  acceptance {r['acceptance']}  identical {r['greedy_identical']}")
@@ -167,5 +194,5 @@ if __name__ == "__main__":
     p.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--train-steps", type=int, default=200)
-    p.add_argument("--workloads", default="retry,code-edit,w1")
+    p.add_argument("--workloads", default="retry,code-edit,w1,w1ref")
     anyio.run(main, p.parse_args())

@@ -42,12 +42,18 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     min_acceptance: float = 0.3
     min_drafts: int = 1
     backoff_steps: int = 16
+    # A miss costs the proposer's lookup: a request whose proposer finds nothing is asked again after
+    # 1, 2, 4, ... steps, at most `max_idle_steps` (a draft resets it), so text that never repeats costs
+    # about one lookup per request per `max_idle_steps` steps.
+    max_idle_steps: int = 16
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ConfigError(f"speculative_config method must be one of {', '.join(METHODS)}, got {self.method!r}")
         if not 1 <= self.num_speculative_tokens <= 64:
             raise ConfigError(f"num_speculative_tokens must be in 1..64, got {self.num_speculative_tokens}")
+        if self.max_idle_steps < 0:
+            raise ConfigError(f"max_idle_steps must be >= 0, got {self.max_idle_steps}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ConfigError("prompt_lookup_min must be >= 1 and <= prompt_lookup_max, got "
                               f"{self.prompt_lookup_min} and {self.prompt_lookup_max}")
@@ -86,9 +92,10 @@ class Proposer(Protocol):
 
 
 class _State:
-    __slots__ = ("drafts", "drafted", "accepted", "rate", "resume_at", "backoff", "steps", "k")
+    __slots__ = ("drafts", "drafted", "accepted", "rate", "resume_at", "backoff", "steps", "k", "idle",
+                 "sampling_ok")
 
-    def __init__(self, backoff: int, k: int) -> None:
+    def __init__(self, backoff: int, k: int, sampling_ok: bool) -> None:
         # Draft length: starts short (a first guess that misses costs little), doubles while whole drafts
         # are accepted, falls to one more than what was accepted on a miss.
         self.k = k
@@ -101,6 +108,8 @@ class _State:
         self.resume_at = 0      # steps (of this request) before it proposes again
         self.backoff = backoff
         self.steps = 0          # decode steps seen
+        self.idle = 1           # steps skipped after the next empty proposal (doubles per miss in a row)
+        self.sampling_ok = sampling_ok   # its sampling parameters allow exact verification (fixed)
 
 
 class Speculator:
@@ -114,6 +123,7 @@ class Speculator:
         self.proposer = proposer
         self.k = config.num_speculative_tokens
         self.num_drafts = 0
+        self.num_proposer_calls = 0   # not a vLLM counter: how often a miss was paid for
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.accepted_by_position = [0] * self.k
@@ -121,23 +131,40 @@ class Speculator:
     @staticmethod
     def eligible(request: Any) -> bool:
         """Whether `request`'s next tokens can be verified exactly by the speculative path."""
-        p = request.params
-        return (not request.logits_processors and p.logprobs is None and p.repetition_penalty == 1.0
-                and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
-                and request.num_output_tokens >= p.min_tokens)
+        return (Speculator._sampling_ok(request.params) and not request.logits_processors
+                and request.num_output_tokens >= request.params.min_tokens)
+
+    @staticmethod
+    def _sampling_ok(p: Any) -> bool:
+        return (p.logprobs is None and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
+                and p.frequency_penalty == 0.0)
 
     def draft(self, request: Any, max_tokens: int) -> list[int]:
         """Draft tokens for a decoding `request` this step (at most `max_tokens`), or []."""
+        # NOTE: called per decoding request per step: the common cases (backing off, idle after misses)
+        # return before anything else is read.
         state = request.extra.get(STATE)
         if state is None:
-            state = request.extra[STATE] = _State(self.config.backoff_steps, min(2, self.k))
+            state = request.extra[STATE] = _State(self.config.backoff_steps, min(2, self.k),
+                                                  self._sampling_ok(request.params))
         state.steps += 1
         if state.resume_at > state.steps:
             return []
-        k = min(state.k, max_tokens, request.max_tokens - request.num_output_tokens - 1)
-        if k <= 0 or not self.eligible(request):
+        if not state.sampling_ok or request.logits_processors:
             return []
-        return self.proposer.propose(request, k)[:k]
+        num_output = request.num_output_tokens
+        k = min(state.k, max_tokens, request.max_tokens - num_output - 1)
+        if k <= 0 or num_output < request.params.min_tokens:
+            return []
+        self.num_proposer_calls += 1
+        draft = self.proposer.propose(request, k)
+        if not draft:   # nothing found: ask again after 1, 2, 4, ... steps
+            cap = self.config.max_idle_steps
+            state.resume_at = state.steps + 1 + min(state.idle, cap)
+            state.idle = min(2 * state.idle, cap)
+            return draft
+        state.idle = 1
+        return draft[:k]
 
     def verified(self, request: Any, num_draft: int, num_accepted: int) -> None:
         """Record one verification of `request`: `num_accepted` of `num_draft` drafts kept."""

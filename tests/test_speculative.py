@@ -22,7 +22,7 @@ from modelcall.core.plan import ScheduledChunk
 from modelcall.core.request import Request
 from modelcall.core.params import SamplingParams
 from modelcall.core.speculative import Speculator, parse_config
-from modelcall.events import Preempted
+from modelcall.events import Preempted, StepDone
 from modelcall.plugins.sampler.sampler import TorchSampler
 from modelcall.plugins.speculative.ngram import NgramProposer
 from modelcall.plugins.speculative.suffix import SuffixProposer
@@ -72,12 +72,15 @@ class OracleProposer:
         pass
 
 
-async def _run_all(kernel, prompts: list[list[int]], **params) -> list[list[int]]:
+async def _run_all(kernel, prompts: list[list[int]], max_tokens: int = MAX_TOKENS, stagger: bool = True,
+                   **params) -> list[list[int]]:
+    """Greedy outputs of `prompts` (arrivals staggered unless `stagger` is False; odd ones get `params`)."""
     results: dict[int, list[int]] = {}
 
     async def one(i: int) -> None:
-        await anyio.sleep(0.01 * (i % 3))
-        done = await kernel.complete(prompt_token_ids=prompts[i], max_tokens=MAX_TOKENS, temperature=0,
+        if stagger:
+            await anyio.sleep(0.01 * (i % 3))
+        done = await kernel.complete(prompt_token_ids=prompts[i], max_tokens=max_tokens, temperature=0,
                                      ignore_eos=True, **(params if i % 2 else {}))
         results[i] = done.token_ids
 
@@ -234,6 +237,93 @@ def test_adaptive_backoff_stops_a_request_that_keeps_missing() -> None:
         lengths.append(len(draft))
         spec.verified(hit, len(draft), len(draft))
     assert lengths == [2, 3, 3, 3]   # 2 first; then all the lookup finds (3 tokens here), k being 4
+
+
+class ScriptedProposer:
+    """Answers what `answer` holds and records the step of every call (steps counted by the test)."""
+
+    def __init__(self) -> None:
+        self.answer: list[int] = []
+        self.asked_at: list[int] = []
+        self.step = 0
+
+    def propose(self, request: Request, k: int) -> list[int]:
+        self.asked_at.append(self.step)
+        return list(self.answer)
+
+    def finished(self, request: Request) -> None:
+        pass
+
+
+def test_a_request_whose_proposer_finds_nothing_is_asked_less_often_then_again_after_a_hit() -> None:
+    proposer = ScriptedProposer()
+    spec = Speculator(parse_config({"method": "ngram", "num_speculative_tokens": 4}), proposer)
+    req = Request("r", [1, 2, 3], SamplingParams(), max_tokens=500)
+    req.all_token_ids.append(4)
+
+    def steps(n: int) -> list[list[int]]:
+        drafts = []
+        for _ in range(n):
+            proposer.step += 1
+            draft = spec.draft(req, 8)
+            if draft:
+                drafts.append(draft)
+                spec.verified(req, len(draft), len(draft))
+        return drafts
+
+    assert steps(64) == []
+    # Empty proposals: skipped 1, 2, 4, 8 steps, then 16 at most (max_idle_steps).
+    assert proposer.asked_at == [1, 3, 6, 11, 20, 37, 54]
+    assert spec.num_proposer_calls == 7
+    proposer.answer = [5, 6]
+    assert steps(8) == [[5, 6], [5, 6]]      # asked again at 71 (54 + 16 + 1): a hit, then every step
+    assert proposer.asked_at[7:] == [71, 72]
+    proposer.answer = []
+    steps(8)
+    assert proposer.asked_at[9:] == [73, 75, 78]   # the streak starts again from one skipped step
+    eager = ScriptedProposer()
+    every = Speculator(parse_config({"method": "ngram", "max_idle_steps": 0}), eager)
+    other = Request("o", [1, 2, 3], SamplingParams(), max_tokens=500)
+    other.all_token_ids.append(4)
+    for _ in range(5):
+        every.draft(other, 8)
+    assert len(eager.asked_at) == 5   # max_idle_steps 0: asked every step
+
+
+def test_ngram_index_prefers_the_longest_then_the_latest_match() -> None:
+    def request(ids: list[int]) -> Request:   # a fresh one each time: the index lives in request.extra
+        return Request("l", ids, SamplingParams(), max_tokens=50)
+
+    longest = [1, 2, 3, 4, 7, 2, 3, 5, 1, 2, 3]
+    assert NgramProposer(2, 4).propose(request(longest), 3) == [4, 7, 2]   # (1, 2, 3) at 0..2 beats the later (2, 3)
+    latest = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3]
+    assert NgramProposer(2, 4).propose(request(latest), 3) == [5, 1, 2]    # two (1, 2, 3): the latest
+    assert NgramProposer(2, 2).propose(request(longest), 3) == [5, 1, 2]   # max_n 2: (2, 3) latest at 5..6
+    grows = Request("g", [9, 8, 1, 2], SamplingParams(), max_tokens=50)
+    proposer = NgramProposer(2, 4)
+    assert proposer.propose(grows, 2) == []
+    grows.all_token_ids.extend([6, 9, 8])     # indexed incrementally: (9, 8) seen at 0..1
+    assert proposer.propose(grows, 2) == [1, 2]
+
+
+async def test_w1_like_traffic_runs_the_plain_steps_of_speculation_off(make_kernel, events, demo_model_dir):
+    """Nothing repeats (random prompts on the random model): with speculation on, every step is the
+    step it would be with speculation off (same tokens, same batch), and the proposer is asked for a
+    small fraction of the request-steps."""
+    rng = random.Random(5)
+    prompts = [[rng.randrange(10, 2048) for _ in range(40)] for _ in range(6)]
+    runs = {}
+    for name, spec in (("off", None), ("on", {"method": "ngram", "num_speculative_tokens": 8})):
+        events.events.clear()
+        async with make_kernel(model=demo_model_dir, speculative_config=spec) as kernel:
+            results = await _run_all(kernel, prompts, 48, stagger=False)
+            steps = [(e.num_tokens, e.num_requests) for e in events.events if isinstance(e, StepDone)]
+            runs[name] = (results, steps, kernel.speculator)
+    (off, off_steps, _), (on, on_steps, spec) = runs["off"], runs["on"]
+    assert on == off
+    assert spec.num_draft_tokens == 0 and on_steps == off_steps
+    decode_request_steps = sum(n for _, n in on_steps) - len(prompts)
+    assert spec.num_proposer_calls <= decode_request_steps // 4, (spec.num_proposer_calls, decode_request_steps)
 
 
 def test_speculative_config_is_vllm_json_and_bad_input_is_refused() -> None:
