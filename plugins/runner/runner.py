@@ -13,7 +13,7 @@ import torch
 from modelcall.core import ConfigError, KernelConfig, SchedulePlan, StepOutput
 from modelcall.core.plan import kv_groups
 from modelcall.core.stages import Sampler
-from modelcall.plugins.runner import attention, cpu_kernel
+from modelcall.plugins.runner import attention, cpu_kernel, cuda_graphs
 from modelcall.plugins.runner.batch import StepBatch, build_step
 from modelcall.plugins.runner.loader import (
     build_spec, check_model_dir, resolve_placement, unsupported_features,
@@ -66,6 +66,11 @@ class TorchModelRunner:
         if p.device.type == "cuda" or runner_cfg.get("attention") == "triton":
             from modelcall.plugins.runner import cuda_attention
             self.attention_backend = cuda_attention.choose_backend(runner_cfg.get("attention"), p.device)
+        # Decode through bucketed static batches (plugins/runner/cuda_graphs.py): runner cuda_graphs true (captured
+        # CUDA graphs) or "eager" (the same buffers uncaptured); off by default.
+        self.graph_mode = cuda_graphs.mode_of(runner_cfg.get("cuda_graphs"), p.device)
+        self.graph_cfg = (runner_cfg, config.max_num_seqs)
+        self.graphs: cuda_graphs.DecodeGraphs | None = None
         self.spec = build_spec(model_dir, config, hf_config, hf_json, p, self.probe_layer_windows(hf_config))
         self.groups = kv_groups(self.spec.layer_windows, self.spec.num_layers)
         self.group_size = max(len(g.layers) for g in self.groups)
@@ -115,12 +120,15 @@ class TorchModelRunner:
         (every layer alike) that is every layer; with several, layer l uses row `member[l]`, placed by its
         group's block table (core.kv_groups)."""
         s = self.spec
-        shape = (self.group_size, 2, num_blocks * block_size, s.num_kv_heads, s.head_dim)
+        extra = 1 if self.graph_mode else 0   # decode graphs: one dummy block for padding rows, never handed out
+        shape = (self.group_size, 2, (num_blocks + extra) * block_size, s.num_kv_heads, s.head_dim)
         # NOTE: zeros, not empty: padded attention reads unused slots (masked out) and NaN garbage
         # would still poison masked SDPA rows through 0 * NaN.
         cache = torch.zeros(shape, dtype=self.placement.kv_dtype, device=self.placement.device)
         self.kv = [(cache[m, 0], cache[m, 1]) for m in self.layer_member]
         self.block_size = block_size
+        if self.graph_mode:
+            self.graphs = cuda_graphs.for_runner(self, num_blocks, block_size)
 
     # ---- one step ------------------------------------------------------------------------------
 
@@ -174,6 +182,8 @@ class TorchModelRunner:
         if not self.kv:
             raise RuntimeError("allocate_kv_cache() must be called before execute()")
         with torch.inference_mode():
+            if self.graphs is not None and self.graphs.supports(plan, len(self.groups)):   # decode: static batches
+                return self.graphs.logits(plan)
             step = build_step(plan, self.block_size, self.placement.device, len(self.groups))
             step.kv = self.kv
             step.scratch["layer_windows"] = self.spec.layer_windows   # attention checks each layer's against it
