@@ -3,6 +3,8 @@ runs alternating (A B A B ...), so machine noise hits both alike. Prints each me
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/runner_before_after.py [--base 77f8ef9] [--runs 3]
         [--threads 1] [--model DIR --dataset W1.jsonl]   (default: builds ../shared/bench's w1 model)
+        [--prompt-len 1920 --requests 4 --new-tokens 16]    (instead of the dataset: seeded random prompts of
+                                                             that length, fresh ones every run; W3-like)
 
 On a shared machine the wall figures swing with the neighbours' load; tokens per process CPU-second
 are printed too (threads waiting for a core cost wall time, not CPU time).
@@ -80,6 +82,9 @@ async def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--model")
     ap.add_argument("--dataset")
+    ap.add_argument("--prompt-len", type=int)
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--new-tokens", type=int, default=128)
     args = ap.parse_args()
     scratch = tempfile.mkdtemp()
     if not args.model:
@@ -89,19 +94,29 @@ async def main() -> None:
     install_base_runner(args.base, scratch)
     with open(args.dataset) as f:
         rows = [json.loads(line) for line in f if line.strip()]
+    if args.prompt_len:
+        import random
+
+        def fresh_rows(seed: int) -> list[dict]:
+            rng = random.Random(seed)
+            return [{"prompt_token_ids": [rng.randrange(9, 32000) for _ in range(args.prompt_len)],
+                     "max_tokens": args.new_tokens} for _ in range(args.requests)]
+    else:
+        def fresh_rows(seed: int) -> list[dict]:
+            return rows
     figures: dict[str, list[float]] = {"base": [], "torch": []}
     per_cpu: dict[str, list[float]] = {"base": [], "torch": []}
     kernels = {}
     async with contextlib.AsyncExitStack() as stack:
         for name in ("base", "torch"):
-            cfg = KernelConfig(model=args.model, runner=name, threads=args.threads,
+            cfg = KernelConfig(model=args.model, runner=name, threads=args.threads, kv_cache_memory_gb=2.0,
                                plugin_config={"runner": {"cpu_bind": "auto"}})
             kernels[name] = await stack.enter_async_context(Kernel(cfg, plugins=[BaseRunnerPlugin()]))
-            await w1_once(kernels[name], rows)   # warm-up (kernel build, oneDNN packing, caches)
-        for _ in range(args.runs):
+            await w1_once(kernels[name], fresh_rows(0))   # warm-up (kernel build, oneDNN packing, caches)
+        for r in range(args.runs):
             for name in ("base", "torch"):
                 kernels[name].kv.reset_prefix_cache()
-                wall, cpu = await w1_once(kernels[name], rows)
+                wall, cpu = await w1_once(kernels[name], fresh_rows(r + 1))
                 figures[name].append(wall)
                 per_cpu[name].append(cpu)
                 print(f"{name:5s} W1 {wall:.1f} tok/s ({cpu:.1f} tok per CPU-second)", flush=True)

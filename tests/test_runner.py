@@ -97,6 +97,19 @@ def test_portable_attention_path_matches_too(demo_model_dir, hf_model, monkeypat
     assert drive_ragged_steps(runner, hf_model, 2) < 1e-4
 
 
+def test_long_continued_chunks_run_as_flash_blocks_and_match(demo_model_dir, hf_model, monkeypatch):
+    """Continued prefill chunks of LONG_CHUNK queries or more go through the blocked (flash) path, the
+    decodes and short chunks of the same steps through the C kernel; logits still match transformers."""
+    from modelcall.plugins.runner import attention
+    calls = []
+    inner = attention._chunk_attention
+    monkeypatch.setattr(attention, "LONG_CHUNK", 8)
+    monkeypatch.setattr(attention, "_chunk_attention", lambda *a: calls.append(a[0].shape[0]) or inner(*a))
+    runner = make_runner(demo_model_dir)
+    assert drive_ragged_steps(runner, hf_model, 3) < 1e-4
+    assert calls and min(calls) >= 8
+
+
 def test_bf16_kv_cache_stays_close(demo_model_dir, hf_model):
     runner = make_runner(demo_model_dir, kv_cache_dtype="bfloat16")
     assert runner.placement.kv_dtype == torch.bfloat16
