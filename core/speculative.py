@@ -46,12 +46,17 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     # 1, 2, 4, ... steps, at most `max_idle_steps` (a draft resets it), so text that never repeats costs
     # about one lookup per request per `max_idle_steps` steps.
     max_idle_steps: int = 16
+    # vLLM's: no drafts in a step whose batch holds more than this many running requests (verification
+    # rows cost compute that a large batch has no spare of); None: any batch size.
+    disable_by_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ConfigError(f"speculative_config method must be one of {', '.join(METHODS)}, got {self.method!r}")
         if not 1 <= self.num_speculative_tokens <= 64:
             raise ConfigError(f"num_speculative_tokens must be in 1..64, got {self.num_speculative_tokens}")
+        if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
+            raise ConfigError(f"disable_by_batch_size must be >= 1, got {self.disable_by_batch_size}")
         if self.max_idle_steps < 0:
             raise ConfigError(f"max_idle_steps must be >= 0, got {self.max_idle_steps}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
@@ -127,6 +132,11 @@ class Speculator:
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.accepted_by_position = [0] * self.k
+
+    def active(self, num_running: int) -> bool:
+        """Whether a step with `num_running` running requests may hold drafts at all (asked once per step)."""
+        limit = self.config.disable_by_batch_size
+        return limit is None or num_running <= limit
 
     @staticmethod
     def eligible(request: Any) -> bool:

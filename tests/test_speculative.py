@@ -127,6 +127,17 @@ async def test_prompt_lookup_parity_and_suffix_retry_accepts(make_kernel, refere
             assert accepted >= 2 * (MAX_TOKENS - 6), (accepted, spec.num_draft_tokens)
 
 
+async def test_disable_by_batch_size_keeps_drafts_out_of_larger_batches(make_kernel, references, demo_model_dir):
+    oracle = OracleProposer({tuple(p): r for p, r in zip(PROMPTS, references)})
+    drafted = {}
+    for limit in (1, 2):   # two requests run together from start to end
+        async with make_kernel(plugins=[oracle], model=demo_model_dir, speculative_config={
+                "method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": limit}) as kernel:
+            assert await _run_all(kernel, PROMPTS[:2], stagger=False) == references[:2]
+            drafted[limit] = kernel.speculator.num_draft_tokens
+    assert drafted[1] == 0 and drafted[2] > 0, drafted
+
+
 async def test_abort_while_speculating_frees_everything(make_kernel, references, demo_model_dir):
     oracle = OracleProposer({tuple(p): r + [7] * 400 for p, r in zip(PROMPTS, references)})
     async with make_kernel(plugins=[oracle], model=demo_model_dir, block_size=4, num_kv_blocks=120,
@@ -190,6 +201,15 @@ def test_greedy_verification_accepts_the_matching_prefix() -> None:
     assert sampler.verify(logits, _chunk(greedy, [2, 5, 1])) == [2, 5, 1, 7]   # all accepted + bonus
     assert sampler.verify(logits, _chunk(greedy, [2, 4, 1])) == [2, 5]        # correction at the mismatch
     assert sampler.verify(logits, _chunk(greedy, [0, 5, 1])) == [2]
+    # Several drafted chunks at once, rows back to back: a 2-token draft (rows 0-2), a 1-token one (row 3 + a
+    # fifth row whose argmax is 6); a sampled one (temperature 1, top-k 1: its draft must be row 5's argmax).
+    both = torch.cat([logits, torch.full((2, 8), -1.0)])
+    both[4, 6] = 3.0
+    both[5, 3] = 3.0
+    both = torch.cat([both, torch.full((1, 8), -1.0)])
+    both[6, 0] = 3.0
+    chunks = [_chunk(greedy, [2, 5]), _chunk(greedy, [7]), _chunk(SamplingParams(temperature=1.0, top_k=1), [3])]
+    assert sampler.verify_many(both, chunks) == [[2, 5, 1], [7, 6], [3, 0]]
 
 
 def test_proposers_look_up_earlier_text() -> None:
@@ -332,7 +352,9 @@ def test_speculative_config_is_vllm_json_and_bad_input_is_refused() -> None:
     assert (cfg.method, cfg.num_speculative_tokens, cfg.prompt_lookup_max, cfg.prompt_lookup_min) == ("ngram", 3, 5, 2)
     assert parse_config(None) is None
     for bad in ({"method": "eagle"}, {"method": "ngram", "num_speculative_tokens": 0},
-                {"method": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2}, "{not json"):
+                {"method": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2},
+                {"method": "ngram", "disable_by_batch_size": 0}, {"method": "ngram", "max_idle_steps": -1},
+                "{not json"):
         with pytest.raises(ConfigError):
             KernelConfig(speculative_config=bad if isinstance(bad, dict) else None) if isinstance(bad, dict) \
                 else parse_config(bad)

@@ -43,8 +43,17 @@ def sample_with_drafts(sampler: Any, logits: torch.Tensor, chunks: Sequence[Any]
             ids[j] = got[n]
             if lps is not None:
                 lps[j] = got_lp[n]
-    for j, first, n in spans:
-        tokens = verify(logits[first:first + n], chunks[j])
+    many = getattr(sampler, "verify_many", None)
+    if many is not None:   # every drafted chunk in one call (a sampler may batch the greedy ones)
+        drafted = logits
+        if plain:
+            rows = torch.tensor([r for _, first, n in spans for r in range(first, first + n)],
+                                dtype=torch.long, device=logits.device)
+            drafted = logits.index_select(0, rows)
+        results = many(drafted, [chunks[j] for j, _, _ in spans])
+    else:
+        results = [verify(logits[first:first + n], chunks[j]) for j, first, n in spans]
+    for (j, _, _), tokens in zip(spans, results):
         ids[j] = tokens[0]
         spec[j] = tokens
     return ids, lps, spec

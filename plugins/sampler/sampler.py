@@ -13,6 +13,7 @@ import torch
 
 from modelcall.events import PositionLogprobs, TokenLogprob
 from modelcall.plugins.sampler.verify import verify as verify_draft
+from modelcall.plugins.sampler.verify import verify_many as verify_drafts
 
 NEG_INF = float("-inf")
 
@@ -127,6 +128,10 @@ class TorchSampler:
         """Speculative decoding: the tokens `chunk.request` appends after its draft was checked at the
         draft's 1 + k rows of `logits` (plugins/sampler/verify.py): the accepted prefix, then one more."""
         return verify_draft(self, logits, chunk, argmax, self.target_probs)
+
+    def verify_many(self, logits: torch.Tensor, chunks: Sequence[Any]) -> list[list[int]]:
+        """`verify` of several drafted chunks at once, their rows back to back in `logits` (one argmax)."""
+        return verify_drafts(self, logits, list(chunks), argmax, self.target_probs)
 
     @staticmethod
     def target_probs(x: torch.Tensor, reqs: list[Any]) -> torch.Tensor:

@@ -181,14 +181,17 @@ class DefaultScheduler:
     # ---- running requests -------------------------------------------------------------------
 
     def _schedule_running(self, step: _Step) -> None:
+        speculator = self.speculator   # None: off, or no drafts in a batch this large (disable_by_batch_size)
+        if speculator is not None and not speculator.active(len(self.running)):
+            speculator = None
         for request in list(self.running.values()):
             if step.budget <= 0:
                 break
             if request.request_id not in self.running:
                 continue  # preempted earlier in this step
             num_new = min(request.num_uncomputed_tokens, step.budget)
-            if num_new == 1 and self.speculator is not None and request.num_output_tokens:
-                draft = self.speculator.draft(request, step.budget - 1)
+            if num_new == 1 and speculator is not None and request.num_output_tokens:
+                draft = speculator.draft(request, step.budget - 1)
                 # NOTE: drafts only take free blocks (never preempt for a guess); short of them, decode plainly.
                 if draft and self.kv.allocate(request, 1 + len(draft)):
                     step.add_draft(request, draft)
