@@ -53,6 +53,9 @@ class KernelConfig(msgspec.Struct, kw_only=True):
     # vLLM's --speculative-config: {"method": "ngram" | "suffix", "num_speculative_tokens": k, ...}
     # (core/speculative.py); None: speculation off.
     speculative_config: dict | None = None
+    # vLLM's --async-scheduling: step N's output stage runs while step N+1's forward computes
+    # (core/engine.py, Engine._overlapped); stops and aborts land one step late, the extra token dropped.
+    async_scheduling: bool = False
     plugin_config: dict[str, dict] = {}
 
     def __post_init__(self) -> None:

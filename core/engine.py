@@ -1,4 +1,8 @@
-"""The engine loop: schedule → forward (off the event loop) → apply → publish. One task, no task per token."""
+"""The engine loop: schedule → forward (off the event loop) → apply → publish. One task, no task per token.
+
+With `async_scheduling` (vLLM's name) the post-processing of step N (output stage: detokenize, stops,
+parsers, filters; then publish) runs while the forward of step N+1 computes, see `_overlapped`.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -57,6 +61,10 @@ class Engine:
         self._executor: ThreadPoolExecutor | None = None
         # Speculative decoding (core/speculative.py), set by the kernel when configured: None is off.
         self.speculator: Any = None
+        # Post-process step N while step N+1's forward runs (set by the kernel from its config).
+        self.async_scheduling = False
+        self._in_flight = False               # a forward is running: ended requests keep their blocks
+        self._deferred: list[Request] = []    # ended while a forward ran: scheduler.finish once it is done
 
     # ---- entry from other tasks (same event loop) ---------------------------------------
 
@@ -94,9 +102,14 @@ class Engine:
                         self._wake = anyio.Event()
                         await self._wake.wait()
                     continue
-                await self.step()
+                if self._overlap_ok():
+                    await self._overlapped()
+                else:
+                    await self.step()
         finally:
             self.alive = False
+            self._in_flight = False
+            self._free_deferred()
             self._abort_all("abort")
             if self._executor is not None:
                 self._executor.shutdown(wait=False)
@@ -152,12 +165,151 @@ class Engine:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="modelcall-step")
         return await loop.run_in_executor(self._executor, self.runner.execute, plan)
 
+    # ---- async scheduling: post-processing one step behind the forward ---------------------
+
+    def _overlap_ok(self) -> bool:
+        """Overlap needs the plan handed to the worker thread at once (asyncio, see `_forward`);
+        speculation proposes from the output just sampled, so it keeps the plain step."""
+        if not self.async_scheduling or self.speculator is not None:
+            return False
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return True
+
+    async def _overlapped(self) -> None:
+        """Steps until the scheduler runs dry, each step's post-processing run during the next forward.
+
+        After step N's forward its tokens are appended at once (`_advance`: step N+1's inputs need
+        them), then step N+1 is scheduled and its forward started, and only then does step N's output
+        stage run (detokenize, stops, parsers, filters) and its events go out. A request the output
+        stage ends there was already given a row of step N+1: it is FINISHED at once (its Finished event
+        counts the tokens up to N), its blocks are freed once that forward is done, and its step N+1
+        token is dropped unseen. A request whose length limit ends it is post-processed at once, so it
+        is never scheduled past its limit. Aborts are applied between forwards, when no token of theirs
+        waits for post-processing, so a metered token is always an emitted one.
+        """
+        pending: tuple[list, list, StepDone, float] | None = None  # step N: (tokens to post-process, events, end, t)
+        try:
+            while not self._stopping:
+                self._take_arrivals()
+                if pending is not None and any(rec.request.logits_processors for rec, _, _ in pending[0]):
+                    # NOTE: a logits processor (a grammar) may be fed by an observer of TokensEmitted
+                    # (plugins/structured prefetches masks so): that token must be published before
+                    # the next sampler runs, so this step's post-processing goes first.
+                    self._post_process(*pending)
+                    pending = None
+                if pending is None:
+                    self._take_aborts()
+                    if not self.scheduler.has_work():
+                        return
+                t0 = now()
+                plan = self.scheduler.schedule() if self.scheduler.has_work() else SchedulePlan()
+                t1 = now()
+                scheduling: list[Any] = []
+                self._note_scheduling(plan, t1, scheduling)
+                future = self._start_forward(plan) if plan else None
+                if pending is not None:
+                    self._post_process(*pending)
+                    pending = None
+                self.bus.publish(scheduling)
+                if future is None:
+                    if not plan and not self.scheduler.has_work():
+                        continue
+                    await anyio.sleep(0.001)  # nothing fits this step: let aborts and arrivals in
+                    continue
+                try:
+                    output = await future
+                except Exception as e:  # the step failed: fail its requests, keep the engine alive
+                    self._in_flight = False
+                    self._free_deferred()
+                    log.exception("model step failed")
+                    self.last_error = f"{type(e).__name__}: {e}"
+                    failed: list[Any] = []
+                    for chunk in plan.chunks:
+                        self._fail(chunk.request, type(e).__name__, str(e), failed)
+                    self.bus.publish(failed)
+                    continue
+                self._in_flight = False
+                t2 = now()
+                self._free_deferred()
+                self._take_aborts()
+                events: list[Any] = []
+                todo = self._advance(plan, output, t2, events)
+                self.step_count += 1
+                kv_usage = 1.0 - self.kv.num_free_blocks() / self.kv.num_blocks
+                done = StepDone(step=self.step_count, num_tokens=plan.num_tokens, num_requests=len(plan.chunks),
+                                num_waiting=self.scheduler.num_waiting, num_running=self.scheduler.num_running,
+                                kv_usage=kv_usage, schedule_s=t1 - t0, forward_s=output.forward_s or (t2 - t1),
+                                step_s=now() - t0)
+                pending = (todo, events, done, t2)
+                if self.step_count % 64 == 0:
+                    for rid in self.bus.stale_streams(now(), self.consumer_timeout_s):
+                        self.abort(rid)
+        finally:
+            self._in_flight = False
+            self._free_deferred()
+            if pending is not None:
+                self._post_process(*pending)
+
+    def _start_forward(self, plan: SchedulePlan) -> asyncio.Future:
+        """Hand `plan` to the worker thread now; from here until it is awaited, ended requests keep their blocks."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="modelcall-step")
+        self._in_flight = True
+        return asyncio.get_running_loop().run_in_executor(self._executor, self.runner.execute, plan)
+
+    def _advance(self, plan: SchedulePlan, output: StepOutput, t: float, events: list) -> list[tuple]:
+        """The forward-critical half of `_apply`: computed counts, K/V commits and the sampled tokens
+        appended. Returns (record, token, logprobs) of each token whose output stage is still to run."""
+        logprobs = output.logprobs
+        todo: list[tuple] = []
+        for i, chunk in enumerate(plan.chunks):
+            req = chunk.request
+            if req.status is Status.FINISHED:  # ended while this forward ran: its row is dropped
+                continue
+            self._computed(chunk, output, i, t, events)
+            token = output.token_ids[i]
+            rec = self.records[req.request_id]
+            if token is None:
+                if req.max_tokens == 0 and req.num_computed_tokens >= req.num_prompt_tokens:
+                    self._finish(rec, rec.output.close("length"), t, events)  # scored, nothing to generate
+                continue
+            self._append(rec, token, t, events)
+            lp = logprobs[i] if logprobs is not None else None
+            if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.window:
+                self._emit(rec, token, lp, t, events)  # its last token: end it before the next schedule
+            else:
+                todo.append((rec, token, lp))
+        return todo
+
+    def _post_process(self, todo: list[tuple], events: list, done: StepDone, t: float) -> None:
+        """Step N's output stage and events (its StepDone last), run while step N+1's forward computes."""
+        for rec, token, lp in todo:
+            if rec.request.status is not Status.FINISHED:
+                self._emit(rec, token, lp, t, events)
+        events.append(done)
+        self.bus.publish(events)
+
+    def _free_deferred(self) -> None:
+        if self._deferred:
+            deferred, self._deferred = self._deferred, []
+            for req in deferred:
+                self.scheduler.finish(req)
+
     def _take_inbox(self) -> None:
+        self._take_arrivals()
+        self._take_aborts()
+
+    def _take_arrivals(self) -> None:
         if self._inbox:
             inbox, self._inbox = self._inbox, []
             for rec in inbox:
                 self.records[rec.request.request_id] = rec
                 self.scheduler.add(rec.request)
+
+    def _take_aborts(self) -> None:
         if self._aborts:
             aborts, self._aborts = self._aborts, {}
             events: list[Any] = []
@@ -186,10 +338,7 @@ class Engine:
             if spec is not None and spec[i] is not None:
                 self._apply_draft(chunk, spec[i], t, events)
                 continue
-            req.num_computed_tokens += chunk.num_new_tokens
-            self.kv.commit(req)
-            if req.params.prompt_logprobs is not None:
-                self._note_prompt_logprobs(req, output, i, t, events)
+            self._computed(chunk, output, i, t, events)
             token = output.token_ids[i]
             if token is None or req.status is Status.FINISHED:
                 if req.max_tokens == 0 and req.num_computed_tokens >= req.num_prompt_tokens and not req.is_finished:
@@ -197,12 +346,25 @@ class Engine:
                     self._finish(rec, rec.output.close("length"), t, events)
                 continue
             rec = self.records[req.request_id]
-            req.all_token_ids.append(token)
-            if rec.first_token is None:
-                rec.first_token = t
-                events.append(PrefillDone(request_id=req.request_id, task_id=req.task_id, ts=t, first_token_id=token))
-            rec.last_token = t
+            self._append(rec, token, t, events)
             self._emit(rec, token, logprobs[i] if logprobs is not None else None, t, events)
+
+    def _computed(self, chunk: Any, output: StepOutput, i: int, t: float, events: list) -> None:
+        """Chunk i's tokens are computed: count them, key newly full blocks, keep any prompt logprobs."""
+        req = chunk.request
+        req.num_computed_tokens += chunk.num_new_tokens
+        self.kv.commit(req)
+        if req.params.prompt_logprobs is not None:
+            self._note_prompt_logprobs(req, output, i, t, events)
+
+    def _append(self, rec: RequestRecord, token: int, t: float, events: list) -> None:
+        """A sampled token joins its request (the next step's input); the first one ends the prefill."""
+        req = rec.request
+        req.all_token_ids.append(token)
+        if rec.first_token is None:
+            rec.first_token = t
+            events.append(PrefillDone(request_id=req.request_id, task_id=req.task_id, ts=t, first_token_id=token))
+        rec.last_token = t
 
     def _emit(self, rec: RequestRecord, token: int, logprobs: Any, t: float, events: list) -> bool:
         """One appended token through the request's output stage: its TokensEmitted, any complete
@@ -267,7 +429,10 @@ class Engine:
                 self._requested(rec, out, events)
         reason, stop_reason = out.reason or "abort", out.stop_reason
         req.finish_reason, req.stop_reason = reason, stop_reason
-        self.scheduler.finish(req)
+        if self._in_flight:  # its blocks may be read by the running forward: free them once it is done
+            self._deferred.append(req)
+        else:
+            self.scheduler.finish(req)
         req.status = Status.FINISHED
         del self.records[req.request_id]
         if self.speculator is not None:

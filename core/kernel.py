@@ -149,6 +149,7 @@ class Kernel:
         self.bus.freeze()
         self.engine = Engine(self.scheduler, self.runner, self.kv, self.bus, self.window, cfg.consumer_timeout_s)
         self.engine.speculator = getattr(self, "speculator", None)
+        self.engine.async_scheduling = cfg.async_scheduling
         await host.lifecycle("startup", done=started, kernel=self)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()

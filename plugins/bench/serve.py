@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -23,6 +24,7 @@ from typing import Any
 
 import aiohttp
 
+from modelcall.plugins.bench import w2
 from modelcall.plugins.bench.workload import load_rows
 
 
@@ -53,8 +55,17 @@ class RequestResult:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:8000")
     parser.add_argument("--model", required=True, help="the model name the server serves")
-    parser.add_argument("--dataset", required=True,
+    parser.add_argument("--dataset", default=None,
                         help='JSONL rows {"prompt_token_ids": [...] or "prompt": "...", "max_tokens": N}')
+    parser.add_argument("--workload", choices=["w2"], default=None,
+                        help="a built-in workload instead of --dataset: w2 = 64 requests sharing a 1,024-token "
+                             "system prompt, each with its own 64-token user turn, 128 new tokens (needs --tokenizer)")
+    parser.add_argument("--tokenizer", default=None, metavar="DIR",
+                        help="the model directory whose tokenizer.json builds --workload's token ids")
+    parser.add_argument("--write-dataset", default=None, metavar="FILE",
+                        help="write the workload's rows (JSONL) to FILE, then benchmark as usual")
+    parser.add_argument("--server-pid", type=int, default=None, metavar="PID",
+                        help="also report the CPU seconds this process and its children spent during the timed run")
     parser.add_argument("--concurrency", type=int, default=32, help="clients sending at once")
     parser.add_argument("--num-requests", type=int, default=None, help="requests to send (default: one per row)")
     parser.add_argument("--max-tokens", type=int, default=None, help="override each row's max_tokens")
@@ -67,6 +78,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.dataset and not args.workload:
+        raise SystemExit("bench serve: give --dataset FILE or --workload w2 --tokenizer DIR")
     figures = asyncio.run(bench(args))
     print(render(figures))
     if args.json_out:
@@ -75,8 +88,23 @@ def run(args: argparse.Namespace) -> int:
     return 0 if figures["failed"] == 0 else 1
 
 
+def workload_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """--dataset's rows, or the built-in --workload's (written to --write-dataset when asked)."""
+    if getattr(args, "workload", None) == "w2":
+        if not getattr(args, "tokenizer", None):
+            raise SystemExit("--workload w2 needs --tokenizer DIR (the model directory)")
+        rows = w2.make_rows(w2.tokenizer_encoder(args.tokenizer))
+    else:
+        rows = load_rows(args.dataset)
+    if getattr(args, "write_dataset", None):
+        with open(args.write_dataset, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    return rows
+
+
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
-    rows = load_rows(args.dataset)
+    rows = workload_rows(args)
+    pid = getattr(args, "server_pid", None)
     n = args.num_requests or len(rows)
     base = args.base_url.rstrip("/")
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
@@ -87,14 +115,50 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             await _run_all(session, args, [rows[i % len(rows)] for i in range(args.warmup)], progress=False)
         before = await _server_stats(session)
         feed = None if getattr(args, "no_engine_events", False) or before is None else await EngineFeed.open(session)
+        cpu0, client0 = (tree_cpu_seconds(pid) if pid else None), time.process_time()
         t0 = time.perf_counter()
         results = await _run_all(session, args, [rows[i % len(rows)] for i in range(n)],
                                  progress=not args.no_progress)
         wall = time.perf_counter() - t0
+        cpu = {"client_cpu_s": time.process_time() - client0}
+        if cpu0 is not None:
+            cpu["server_cpu_s"] = tree_cpu_seconds(pid) - cpu0
         after = await _server_stats(session)
         if feed is not None:
             await feed.close([r.request_id for r in results if r.ok and r.request_id])
-    return summarize(results, wall, args.concurrency, before, after, feed)
+    figures = summarize(results, wall, args.concurrency, before, after, feed)
+    figures.update(cpu)
+    if "server_cpu_s" in cpu and figures["output_tokens"]:
+        figures["server_cpu_ms_per_token"] = 1000 * cpu["server_cpu_s"] / figures["output_tokens"]
+    return figures
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of `pid` and its live descendants (Linux /proc), threads included.
+
+    vLLM serves from two processes (API server, engine core): both count."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(b")") + 2:].split()  # after "pid (comm) ": state, ppid, ... utime stime
+        stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    children: dict[int, list[int]] = {}
+    for p, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(p)
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        if p in stats:
+            total += stats[p][1]
+            todo.extend(children.get(p, ()))
+    return total
 
 
 class EngineFeed:
@@ -300,6 +364,9 @@ def render(f: dict[str, Any]) -> str:
              m("engine inter-token latency", "engine_itl_ms", "server: gap between a request's token steps"),
              m("client inter-event gap", "itl_ms", "client: gap between SSE data frames"),
              d("tpot_ms")]
+    if "server_cpu_s" in f:
+        lines.append(f"server CPU: {f['server_cpu_s']:.2f} s over {f['wall_s']:.2f} s wall "
+                     f"({f['server_cpu_ms_per_token']:.2f} ms per output token); client CPU {f['client_cpu_s']:.2f} s")
     if "server" in f:
         s = f["server"]
         per_step = s["output_tokens_per_step"]

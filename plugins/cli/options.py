@@ -63,6 +63,9 @@ def add_kernel_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative-config", metavar="JSON",
                    help='speculative decoding as vLLM\'s JSON, e.g. {"method": "ngram", "num_speculative_tokens": 5, '
                         '"prompt_lookup_max": 4, "prompt_lookup_min": 1} or {"method": "suffix"} (default: off)')
+    g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="post-process step N while step N+1's forward runs (default: "
+                        f"{'on' if d.async_scheduling else 'off'})")
     g.add_argument("--stage", action="append", default=[], metavar="STAGE=NAME",
                    help=f"pick the implementation of a stage ({', '.join(STAGES)}); repeatable")
     g.add_argument("--plugin-config", action="append", default=[], metavar="PLUGIN=JSON",
@@ -90,7 +93,7 @@ _FIELDS = {"model": "model", "revision": "revision", "download_dir": "download_d
            "max_num_batched_tokens": "max_num_batched_tokens", "max_queued": "max_queued",
            "scheduling_policy": "scheduling_policy", "max_messages": "max_messages", "max_tools": "max_tools",
            "max_stop_strings": "max_stop_strings", "max_stop_length": "max_stop_length",
-           "max_sequences_per_call": "max_sequences_per_call"}
+           "max_sequences_per_call": "max_sequences_per_call", "async_scheduling": "async_scheduling"}
 
 
 def config_from_args(args: argparse.Namespace, **overrides: Any) -> KernelConfig:
