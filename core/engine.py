@@ -168,9 +168,8 @@ class Engine:
     # ---- async scheduling: post-processing one step behind the forward ---------------------
 
     def _overlap_ok(self) -> bool:
-        """Overlap needs the plan handed to the worker thread at once (asyncio, see `_forward`);
-        speculation proposes from the output just sampled, so it keeps the plain step."""
-        if not self.async_scheduling or self.speculator is not None:
+        """Overlap needs the plan handed to the worker thread at once (asyncio, see `_forward`)."""
+        if not self.async_scheduling:
             return False
         try:
             asyncio.get_running_loop()
@@ -264,10 +263,16 @@ class Engine:
         """The forward-critical half of `_apply`: computed counts, K/V commits and the sampled tokens
         appended. Returns (record, token, logprobs) of each token whose output stage is still to run."""
         logprobs = output.logprobs
+        spec = output.spec_tokens
         todo: list[tuple] = []
         for i, chunk in enumerate(plan.chunks):
             req = chunk.request
             if req.status is Status.FINISHED:  # ended while this forward ran: its row is dropped
+                continue
+            if spec is not None and spec[i] is not None:
+                # NOTE: a verified draft goes through the output stage now, token by token (a stop may
+                # end it mid-draft), so the next schedule proposes from the request's final tokens.
+                self._apply_draft(chunk, spec[i], t, events)
                 continue
             self._computed(chunk, output, i, t, events)
             token = output.token_ids[i]

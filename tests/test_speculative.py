@@ -16,6 +16,7 @@ import anyio
 import pytest
 import torch
 from kv_invariants import check_whole
+from test_overlap import ForwardProbe
 
 from modelcall.core import ConfigError, KernelConfig, hookimpl
 from modelcall.core.plan import ScheduledChunk
@@ -125,6 +126,44 @@ async def test_prompt_lookup_parity_and_suffix_retry_accepts(make_kernel, refere
         if method == "suffix":
             accepted = spec.num_accepted_tokens - before
             assert accepted >= 2 * (MAX_TOKENS - 6), (accepted, spec.num_draft_tokens)
+
+
+def _time_forwards(kernel, probe: ForwardProbe) -> None:
+    """`probe.busy` is set while the kernel's runner executes a step (in the engine's worker thread)."""
+    execute = kernel.runner.execute
+
+    def timed(plan):
+        probe.busy.set()
+        try:
+            return execute(plan)
+        finally:
+            probe.busy.clear()
+
+    kernel.engine.runner.execute = timed
+
+
+async def test_speculation_under_async_scheduling_keeps_outputs_and_stops(make_kernel, references, demo_model_dir):
+    """With async_scheduling, drafts (accepted and rejected, under preemption) give the same greedy text,
+    a stop token inside an accepted draft ends the request there, and tokens are published while the next
+    forward runs."""
+    oracle = OracleProposer({tuple(p): r for p, r in zip(PROMPTS, references)})
+    probe = ForwardProbe()
+    async with make_kernel(plugins=[oracle, probe], model=demo_model_dir, block_size=16, num_kv_blocks=7,
+                           max_num_batched_tokens=24, async_scheduling=True,
+                           speculative_config={"method": "ngram", "num_speculative_tokens": 4}) as kernel:
+        _time_forwards(kernel, probe)
+        got = await _run_all(kernel, PROMPTS, logprobs=1)
+        ref = references[1]
+        stop = ref[7]
+        stopped = await kernel.complete(prompt_token_ids=PROMPTS[1], max_tokens=MAX_TOKENS, temperature=0,
+                                        ignore_eos=True, stop_token_ids=[stop])
+        check_whole(kernel.kv)
+        spec = kernel.speculator
+    assert got == references
+    assert spec.num_accepted_tokens > 0 and spec.num_draft_tokens > spec.num_accepted_tokens
+    assert stopped.finish_reason == "stop" and stopped.token_ids == ref[:ref.index(stop) + 1]
+    assert stopped.usage.completion_tokens == len(stopped.token_ids)
+    assert any(probe.seen), "no token was published during a forward: async scheduling did not run"
 
 
 async def test_disable_by_batch_size_keeps_drafts_out_of_larger_batches(make_kernel, references, demo_model_dir):
