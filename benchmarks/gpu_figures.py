@@ -1,7 +1,8 @@
 """The figures of issue 16 in one process, written as JSON: device copy bandwidth, decode at 256 concurrent
 requests as a fraction of that bandwidth, the same workload through transformers' continuous batching
 (`generate_batch`) for the ratio, TTFT at 64 x 1,024 prompt tokens, CUDA graphs on vs off, greedy parity
-with transformers (fp32 exact, bf16 within a stated tolerance).
+with transformers (fp32 exact, bf16 within a stated tolerance), and the paged-attention path chosen by a
+micro-benchmark of the candidates (the Triton kernel, the portable torch path) at the decode and prefill shapes.
 
     python benchmarks/gpu_figures.py --out figures.json            # on a GPU: 1B Llama-shaped, bf16
     python benchmarks/gpu_figures.py --out figures.json --dry-run  # tiny sizes on CPU (checks the script)
@@ -14,6 +15,12 @@ records its error and the others still run. A figure the engine cannot produce y
 Decode bandwidth: bytes read per decode step = every weight once (the lm_head included) + each request's
 K and V over its context (prompt + half the decode length, the mean over the decode steps), divided by
 the median step time (StepDone.step_s) of the steps that decode all requests at once.
+
+Attention: each candidate runs one layer's paged attention of the decode step (concurrency x 1 query over
+prompt + decode/2 context) and of a prefill (ttft_requests x ttft_prompt queries over their own K/V read from
+the cache), is checked against the torch path in fp32, and timed (CUDA-event median); the fastest correct one is
+`chosen` and the engine figures run with it (runner `attention`). The bytes floor is K and V read once.
+On the CPU dry run the Triton kernel runs in its interpreter (TRITON_INTERPRET=1): checked, not timed usefully.
 """
 from __future__ import annotations
 
@@ -52,8 +59,9 @@ DRY = dict(model=dict(vocab_size=512, hidden_size=64, intermediate_size=128, num
 # transformers' token minus that of modelcall's token must be at most this fraction of the reference's
 # largest |logit| (a near-tie that bf16 rounding may flip); before that point the tokens are equal.
 BF16_TIE_TOLERANCE = 2e-2
-FIGURE_KEYS = ("device", "model", "bandwidth", "decode", "transformers_decode", "ttft", "cuda_graphs",
+FIGURE_KEYS = ("device", "model", "bandwidth", "attention", "decode", "transformers_decode", "ttft", "cuda_graphs",
                "parity_fp32", "parity_bf16")
+ATTENTION_TOL = {"float32": 1e-4, "bfloat16": 2e-2}   # |candidate - torch path in fp32|, outputs of size ~1
 
 
 def sync(device: Any) -> None:
@@ -157,27 +165,116 @@ def kv_bytes_per_token(shape: dict, kv_elem: int) -> int:
     return shape["num_hidden_layers"] * 2 * shape["num_key_value_heads"] * head_dim * kv_elem
 
 
+def attention_figure(sz: dict, device: Any, dtype_name: str, bandwidth: float | None) -> dict:
+    """Each paged-attention candidate at the decode and prefill shapes: error against the torch path in fp32,
+    median time, bytes floor; the fastest correct candidate is `chosen`."""
+    import torch
+
+    from modelcall.plugins.runner import attention, cuda_attention
+    from modelcall.plugins.runner.batch import StepBatch, _context_slots
+
+    shape = sz["model"]
+    hq, hkv = shape["num_attention_heads"], shape["num_key_value_heads"]
+    dim = shape["hidden_size"] // hq
+    dtype = getattr(torch, dtype_name)
+    bs = 16
+    cases = {"decode": [(sz["prompt"] + sz["decode"] // 2, 1)] * sz["concurrency"],
+             "prefill": [(sz["ttft_prompt"], sz["ttft_prompt"])] * sz["ttft_requests"]}
+    candidates = {"torch": lambda q, k, v, step, var: attention._paged_torch(q, k, v, step, var, hq != hkv, 0,
+                                                                              step.paged_slots)}
+    if cuda_attention.available() and (device.type == "cuda" or cuda_attention.interpreting()):
+        candidates["triton"] = lambda q, k, v, step, var: cuda_attention.paged_step(q, k, v, step, var,
+                                                                                     step.paged_slots)
+    result: dict[str, Any] = {"candidates": sorted(candidates), "block_size": bs, "dtype": dtype_name,
+                              "not_compared": "flex_attention, FlashInfer, flash-attn (not built)"}
+    g = torch.Generator().manual_seed(7)
+    total = {name: 0.0 for name in candidates}
+    for case, ctx_q in cases.items():
+        n_blocks = sum(-(-c // bs) for c, _ in ctx_q)
+        perm = torch.randperm(n_blocks, generator=g)
+        width = max(-(-c // bs) for c, _ in ctx_q)
+        table = perm.view(len(ctx_q), width)        # equal lengths here: one row of blocks per request
+        slots = _context_slots(table, torch.arange(max(c for c, _ in ctx_q)), bs).to(device)
+        kc = torch.randn(n_blocks * bs, hkv, dim, device=device).to(dtype)
+        vc = torch.randn(n_blocks * bs, hkv, dim, device=device).to(dtype)
+        n = sum(q for _, q in ctx_q)
+        q_rows = torch.randn(hq, n, dim, device=device).to(dtype).transpose(0, 1)
+        step = StepBatch(input_ids=torch.zeros(1, n, dtype=torch.long), positions=torch.zeros(1, n, dtype=torch.long),
+                         slot_mapping=torch.zeros(n, dtype=torch.long), sample_rows=None, num_sampled=0, num_paged=n,
+                         paged_slots=slots, paged_ctx_lens=[c for c, _ in ctx_q], paged_q_lens=[q for _, q in ctx_q])
+        step.scratch["block_size"] = bs
+        var = attention.Variant(dim ** -0.5)
+        ref = attention._paged_torch(q_rows.float(), kc.float(), vc.float(), step, var, hq != hkv, 0, slots)
+        kv_bytes = sum(c for c, _ in ctx_q) * hkv * dim * 2 * kc.element_size()
+        entry: dict[str, Any] = {"requests": len(ctx_q), "context": ctx_q[0][0], "queries_each": ctx_q[0][1],
+                                 "kv_bytes_floor": kv_bytes}
+        reps = 10 if device.type == "cuda" else 1
+        for name, fn in candidates.items():
+            try:
+                got = fn(q_rows, kc, vc, step, var)
+                err = float((got.float() - ref).abs().max())
+                times = []
+                for i in range(reps + 2):
+                    step.scratch.pop(("torch_paged", None, 0), None)   # per-step metadata is part of the cost
+                    step.scratch.pop(("triton_meta", 0), None)
+                    sync(device)
+                    t0 = time.perf_counter()
+                    fn(q_rows, kc, vc, step, var)
+                    sync(device)
+                    if i >= 2 or device.type != "cuda":
+                        times.append(time.perf_counter() - t0)
+                t = statistics.median(times)
+                entry[name] = {"max_abs_err": err, "ok": err <= ATTENTION_TOL[dtype_name], "median_s": t,
+                               "kv_bytes_per_s": kv_bytes / t,
+                               "fraction_of_bandwidth": kv_bytes / t / bandwidth if bandwidth else None}
+                interpreted = name == "triton" and device.type != "cuda"   # checked, never chosen on its timing
+                entry[name]["interpreted"] = interpreted
+                total[name] += t if entry[name]["ok"] and not interpreted else float("inf")
+            except Exception as e:  # noqa: BLE001 - a failing candidate is recorded and not chosen
+                entry[name] = {"error": repr(e), "trace": traceback.format_exc()[-1500:]}
+                total[name] = float("inf")
+        result[case] = entry
+    best = min(total, key=total.get)
+    result["chosen"] = best if total[best] < float("inf") else "torch"
+    result["chosen_by"] = "least decode + prefill time among candidates within tolerance"
+    return result
+
+
+async def decode_run(kernel: Any, steps: StepLog, sz: dict) -> tuple[list[Any], float, list[Any]]:
+    """The decode workload (after a warm-up): (results, wall seconds, StepDone of the all-requests decode steps)."""
+    vocab = sz["model"]["vocab_size"]
+    # warm-up: allocator, kernels' first launches, any compilation (and graph capture of the warm-up's bucket)
+    await complete_all(kernel, random_prompts(min(8, sz["concurrency"]), sz["prompt"], vocab, 1), 4)
+    kernel.kv.reset_prefix_cache()
+    prompts = random_prompts(sz["concurrency"], sz["prompt"], vocab, 2)
+    steps.steps.clear()
+    t0 = time.perf_counter()
+    done = await complete_all(kernel, prompts, sz["decode"])
+    wall = time.perf_counter() - t0
+    full = [s for s in steps.steps if s.num_requests == sz["concurrency"] and s.num_tokens == sz["concurrency"]]
+    return done, wall, full
+
+
+def engine_config(args: Any, sz: dict, model_dir: str, dtype_name: str, runner_cfg: dict) -> Any:
+    from modelcall.core import KernelConfig
+    return KernelConfig(model=model_dir, device=args.device, dtype=dtype_name, max_num_seqs=max(256, sz["concurrency"]),
+                        max_num_batched_tokens=sz["batched_tokens"], kv_cache_memory_gb=sz["kv_gb"],
+                        plugin_config={"runner": runner_cfg})
+
+
 async def modelcall_figures(args: Any, sz: dict, model_dir: str, weight_bytes: int, dtype_name: str,
-                            bandwidth: float | None, out: dict) -> None:
-    """decode, ttft and cuda_graphs through one kernel."""
-    from modelcall.core import Kernel, KernelConfig
+                            bandwidth: float | None, out: dict, runner_cfg: dict) -> list[list[int]] | None:
+    """decode and ttft through one kernel (graphs off); returns the decode outputs (for the graphs figure)."""
+    from modelcall.core import Kernel
 
     steps = StepLog()
-    cfg = KernelConfig(model=model_dir, device=args.device, dtype=dtype_name, max_num_seqs=max(256, sz["concurrency"]),
-                       max_num_batched_tokens=sz["batched_tokens"], kv_cache_memory_gb=sz["kv_gb"])
-    async with Kernel(cfg, plugins=[steps]) as kernel:
+    decoded = None
+    async with Kernel(engine_config(args, sz, model_dir, dtype_name, runner_cfg), plugins=[steps]) as kernel:
         shape = sz["model"]
         vocab = shape["vocab_size"]
         try:
-            # warm-up: allocator, kernels' first launches, any compilation
-            await complete_all(kernel, random_prompts(min(8, sz["concurrency"]), sz["prompt"], vocab, 1), 4)
-            kernel.kv.reset_prefix_cache()
-            prompts = random_prompts(sz["concurrency"], sz["prompt"], vocab, 2)
-            steps.steps.clear()
-            t0 = time.perf_counter()
-            done = await complete_all(kernel, prompts, sz["decode"])
-            wall = time.perf_counter() - t0
-            full = [s for s in steps.steps if s.num_requests == sz["concurrency"] and s.num_tokens == sz["concurrency"]]
+            done, wall, full = await decode_run(kernel, steps, sz)
+            decoded = [list(d.token_ids) for d in done]
             step_s = statistics.median(s.step_s for s in full) if full else None
             forward_s = statistics.median(s.forward_s for s in full) if full else None
             kv_elem = 2 if dtype_name == "bfloat16" else 4
@@ -191,7 +288,8 @@ async def modelcall_figures(args: Any, sz: dict, model_dir: str, weight_bytes: i
                 "bytes_per_step": per_step, "weight_bytes": weight_bytes, "kv_bytes_per_step": kv_read,
                 "achieved_bytes_per_s": per_step / step_s if step_s else None,
                 "fraction_of_bandwidth": (per_step / step_s / bandwidth) if step_s and bandwidth else None,
-                "target_fraction": 0.60,
+                "target_fraction": 0.60, "attention": kernel.runner.attention_backend or "torch",
+                "cuda_graphs": False,
             }
         except Exception as e:  # noqa: BLE001 - recorded, the other figures still run
             out["decode"] = {"error": repr(e), "trace": traceback.format_exc()[-2000:]}
@@ -205,12 +303,34 @@ async def modelcall_figures(args: Any, sz: dict, model_dir: str, weight_bytes: i
                            "max_num_batched_tokens": sz["batched_tokens"]}
         except Exception as e:  # noqa: BLE001
             out["ttft"] = {"error": repr(e), "trace": traceback.format_exc()[-2000:]}
-        # NOTE: the runner has no CUDA graph capture yet (issue 16's build list); a number here would be
-        # a fake. When it has one it says so with `cuda_graphs_supported` and a way to switch it.
-        if getattr(kernel.runner, "cuda_graphs_supported", False):
-            out["cuda_graphs"] = {"status": "supported by the runner; on/off timing not written yet"}
-        else:
-            out["cuda_graphs"] = {"status": "not built"}
+    return decoded
+
+
+async def graphs_figure(args: Any, sz: dict, model_dir: str, dtype_name: str, runner_cfg: dict,
+                        off: dict, off_tokens: list[list[int]] | None) -> dict:
+    """The decode workload again with decode CUDA graphs on (on CPU: the same static batches, eager), against
+    the graphs-off run's median step and its greedy outputs."""
+    from modelcall.core import Kernel
+
+    mode = True if args.device.startswith("cuda") else "eager"
+    steps = StepLog()
+    async with Kernel(engine_config(args, sz, model_dir, dtype_name, {**runner_cfg, "cuda_graphs": mode}),
+                      plugins=[steps]) as kernel:
+        done, wall, full = await decode_run(kernel, steps, sz)
+        graphs = kernel.runner.graphs
+        on_step = statistics.median(s.step_s for s in full) if full else None
+        tokens = [list(d.token_ids) for d in done]
+        off_step = off.get("median_step_s")
+        return {"status": "measured", "mode": "captured" if mode is True else "eager (no CUDA: the same static "
+                "batches, no capture)", "capture_error": graphs.error, "replays": graphs.replays,
+                "static_steps": graphs.static_steps,
+                "captured_buckets": sorted(graphs.graphs), "buckets": list(graphs.buckets),
+                "on_median_step_s": on_step, "off_median_step_s": off_step,
+                "off_over_on": off_step / on_step if on_step and off_step else None,
+                "on_output_tok_per_s": sum(len(t) for t in tokens) / wall, "on_wall_s": wall,
+                "full_decode_steps": len(full),
+                "identical_greedy_outputs": (sum(a == b for a, b in zip(tokens, off_tokens)) if off_tokens else None),
+                "requests": len(tokens)}
 
 
 def transformers_decode(sz: dict, model_dir: str, dtype: Any, device: Any) -> dict:
@@ -300,6 +420,8 @@ async def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     args.device = args.device or ("cpu" if args.dry_run or not torch.cuda.is_available() else "cuda")
     device = torch.device(args.device)
+    if device.type == "cpu":   # the Triton candidate runs in its interpreter (read when the kernel is decorated)
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     sz = DRY if args.dry_run else FULL
     skip = set(filter(None, args.skip.split(",")))
     # bf16 is the GPU's format; on CPU the dry run stays in fp32 (exact, and fast without AMX)
@@ -322,7 +444,23 @@ async def main(argv: list[str] | None = None) -> dict:
         out["bandwidth"] = measure_bandwidth(device, sz["copy_bytes"])
         save()
         bw = out["bandwidth"]["bytes_per_s"]
-        await modelcall_figures(args, sz, model_dir, weight_bytes, dtype_name, bw, out)
+        try:
+            out["attention"] = attention_figure(sz, device, dtype_name, bw)
+        except Exception as e:  # noqa: BLE001
+            out["attention"] = {"error": repr(e), "trace": traceback.format_exc()[-2000:], "chosen": "torch"}
+        save()
+        # the measured choice: "triton" (the default on CUDA) or "torch" (the runner's non-Triton path)
+        runner_cfg = {"attention": out["attention"]["chosen"]}
+        off_tokens = await modelcall_figures(args, sz, model_dir, weight_bytes, dtype_name, bw, out, runner_cfg)
+        save()
+        if "graphs" in skip:
+            out["cuda_graphs"] = {"status": "skipped"}
+        else:
+            try:
+                out["cuda_graphs"] = await graphs_figure(args, sz, model_dir, dtype_name, runner_cfg,
+                                                         out.get("decode", {}), off_tokens)
+            except Exception as e:  # noqa: BLE001
+                out["cuda_graphs"] = {"error": repr(e), "trace": traceback.format_exc()[-2000:]}
         save()
         if "transformers" in skip:
             out["transformers_decode"] = {"status": "skipped"}
@@ -350,8 +488,12 @@ async def main(argv: list[str] | None = None) -> dict:
 def summary(out: dict) -> str:
     d, t, b = out.get("decode", {}), out.get("transformers_decode", {}), out.get("bandwidth", {})
     m = out.get("model", {})
+    a = out.get("attention", {})
+    att = {case: {k: (v.get("median_s"), v.get("ok")) for k, v in a.get(case, {}).items() if isinstance(v, dict)}
+           for case in ("decode", "prefill")}
     lines = [f"device {out['device']['name']}  model {m.get('parameters', 0) / 1e9:.3f}B {m.get('dtype')}",
              f"copy bandwidth {b.get('bytes_per_s', 0) / 1e12:.3f} TB/s",
+             f"attention chosen {a.get('chosen')} (median s, ok): {att}",
              f"decode @{d.get('concurrency')}: {d.get('output_tok_per_s')} tok/s, step {d.get('median_step_s')} s, "
              f"fraction of bandwidth {d.get('fraction_of_bandwidth')} (target 0.60)",
              f"transformers generate_batch: {t.get('output_tok_per_s')} tok/s, ratio {t.get('modelcall_over_transformers')}"

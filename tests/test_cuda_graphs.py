@@ -8,10 +8,6 @@ Capture itself needs CUDA: tests/test_gpu.py.
 """
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import random
 
 import anyio

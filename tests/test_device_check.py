@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIGURE_KEYS = ("device", "model", "bandwidth", "decode", "transformers_decode", "ttft", "cuda_graphs",
+FIGURE_KEYS = ("device", "model", "bandwidth", "attention", "decode", "transformers_decode", "ttft", "cuda_graphs",
                "parity_fp32", "parity_bf16")
 
 
@@ -36,7 +36,17 @@ def test_dry_run_writes_every_figure(tmp_path):
     assert decode["output_tokens"] == decode["concurrency"] * decode["decode_tokens"]
     assert decode["full_decode_steps"] > 0 and 0 < decode["fraction_of_bandwidth"]
     assert fig["ttft"]["requests"] > 0 and 0 < fig["ttft"]["min_s"] <= fig["ttft"]["median_s"] <= fig["ttft"]["max_s"]
-    assert fig["cuda_graphs"] == {"status": "not built"}   # until the runner captures graphs
+    att = fig["attention"]
+    assert set(att["candidates"]) == {"torch", "triton"} and att["chosen"] == "torch"   # the interpreter is never chosen
+    for case in ("decode", "prefill"):
+        for name in att["candidates"]:
+            assert att[case][name]["ok"] is True, (case, name, att[case][name])
+    assert att["decode"]["triton"]["interpreted"] is True and decode["attention"] == "torch"
+    graphs = fig["cuda_graphs"]
+    assert graphs["status"] == "measured" and graphs["mode"].startswith("eager") and graphs["capture_error"] is None
+    assert graphs["static_steps"] >= graphs["full_decode_steps"] > 0   # the decode steps ran through static batches
+    assert graphs["identical_greedy_outputs"] == graphs["requests"] == decode["concurrency"]
+    assert graphs["on_median_step_s"] > 0 and graphs["off_median_step_s"] == decode["median_step_s"]
     assert fig["parity_fp32"]["pass"] is True and fig["parity_fp32"]["identical"] == fig["parity_fp32"]["prompts"]
     assert fig["parity_bf16"]["pass"] is True
     assert fig["transformers_decode"] == {"status": "skipped"}

@@ -14,7 +14,9 @@ import traceback
 import pytest
 import torch
 
-from modelcall.core import KernelConfig, Request, SamplingParams, ScheduledChunk, SchedulePlan
+from paged_cases import run_steps
+
+from modelcall.core import KernelConfig, Request, SamplingParams
 from modelcall.plugins.runner.runner import TorchModelRunner
 from modelcall.plugins.sampler.sampler import TorchSampler
 
@@ -57,23 +59,17 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_one_host_transfer_per_step(runner, host_reads, case):
-    free = list(range(64))
     reqs = [Request(f"r{i}", [11 + i, 20, 30, 40 + i, 50][: 2 + i], p, max_tokens=8)
             for i, p in enumerate(CASES[case])]
-    for step in range(3):          # a prefill step, then decodes
-        chunks = []
-        for q in reqs:
-            n = q.num_tokens - q.num_computed_tokens
-            while len(q.block_table) < -(-(q.num_computed_tokens + n) // 4):
-                q.block_table.append(free.pop())
-            chunks.append(ScheduledChunk(q, n, True))
+
+    def measure(step, execute):      # a prefill step, then decodes
         host_reads.clear()
-        out = runner.execute(SchedulePlan(chunks=chunks))
+        out = execute()
         reads = sum(host_reads.values())
         assert reads == 1, f"{case} step {step}: {reads} host reads: {dict(host_reads)}"
         assert all(isinstance(t, int) for t in out.token_ids)
         if case == "logprobs_penalties":
             assert out.logprobs[0].token_id == out.token_ids[0] and len(out.logprobs[0].top) == 2
-        for c, t in zip(chunks, out.token_ids):
-            c.request.num_computed_tokens += c.num_new_tokens
-            c.request.all_token_ids.append(t)
+        return out
+
+    run_steps(runner, reqs, 3, 4, measure)

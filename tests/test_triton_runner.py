@@ -5,10 +5,6 @@ soft-capping, query_pre_attn_scalar, a window that slides) and gpt-oss (sinks, f
 Plain causal GQA/MQA/MHA is covered kernel-level in tests/test_triton_attention.py."""
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import pytest
 import torch
 from family_models import build_family

@@ -45,8 +45,16 @@ def available() -> bool:
 
 
 def interpreting() -> bool:
-    """Triton's CPU interpreter is on (TRITON_INTERPRET=1): the kernels run on CPU tensors, slowly."""
-    return triton is not None and bool(triton.knobs.runtime.interpret)
+    """Triton's CPU interpreter is on (TRITON_INTERPRET=1): the kernels run on CPU tensors, slowly.
+
+    NOTE: Triton decorates its own library (tl.zeros, tl.max...) when it is first imported, so the variable
+    must be set before that (transformers imports triton): set later, kernels fail inside the interpreter.
+    Hence both checks.
+    """
+    if triton is None or not triton.knobs.runtime.interpret:
+        return False
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(tl.zeros, InterpretedFunction)
 
 
 def choose_backend(config_value: Any, device: torch.device) -> str | None:

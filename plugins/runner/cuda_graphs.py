@@ -136,6 +136,7 @@ class DecodeGraphs:
         self.pool: Any = None
         self.error: str | None = None      # why capture failed (then every step runs eagerly)
         self.replays = 0
+        self.static_steps = 0              # decode steps run through the static batches (replayed or eager)
 
     def supports(self, plan: SchedulePlan, num_groups: int) -> bool:
         """A plain decode step that fits the largest bucket and the static tables."""
@@ -156,6 +157,7 @@ class DecodeGraphs:
         b = next(size for size in self.buckets if size >= n)
         batch = self.batches[b]
         batch.fill(plan)
+        self.static_steps += 1
         if self.mode == "eager" or self.error is not None:
             return self.forward(batch.step(self.kv, self.scratch))[:n]
         graph = self.graphs.get(b)
