@@ -82,8 +82,27 @@ def wait_idle(server: ServerThread, within_s: float = 60.0) -> dict:
 
 
 def last_step(events: EventCollector) -> int:
-    steps = events.of(StepDone)
-    return steps[-1].step if steps else 0
+    return next((e.step for e in reversed(events.events) if type(e) is StepDone), 0)
+
+
+class Generating:
+    """How many requests admitted with `max_tokens` have emitted tokens, reading only the events that
+    came since the last call (it is polled while the server runs: a scan of them all would compete with it)."""
+
+    def __init__(self, events: EventCollector, max_tokens: int) -> None:
+        self.events, self.max_tokens, self.read = events, max_tokens, 0
+        self.admitted: set[str] = set()
+        self.emitting: set[str] = set()
+
+    def __call__(self) -> int:
+        new = self.events.events[self.read:]
+        self.read += len(new)
+        for e in new:
+            if type(e) is RequestAdmitted and e.max_tokens == self.max_tokens:
+                self.admitted.add(e.request_id)
+            elif type(e) is TokensEmitted and e.request_id in self.admitted:
+                self.emitting.add(e.request_id)
+        return len(self.emitting)
 
 
 def steps_until_finished(events: EventCollector, request_id: str, since_step: int) -> int:
@@ -129,11 +148,8 @@ def test_disconnecting_clients_free_everything_and_do_not_disturb_the_others():
                [c for i, c in enumerate(calm) if i not in leavers]
         assert all(disturbed[i] is None for i in leavers)
 
-        def generating() -> int:
-            ids = {e.request_id for e in events.of(RequestAdmitted) if e.max_tokens == 199}
-            return len({e.request_id for e in events.of(TokensEmitted) if e.request_id in ids})
         cancelled: list[int] = []
-        asyncio.run(cancel_whole_requests(server.base_url, 10, 199, generating,
+        asyncio.run(cancel_whole_requests(server.base_url, 10, 199, Generating(events, 199),
                                           lambda: cancelled.append(last_step(events))))
         stats = wait_idle(server)
         assert stats["idle"], f"non-streaming clients that left still hold work: {stats}"
