@@ -17,8 +17,9 @@ ctx - q_len + i and sees keys 0..that position (its own new K/V were written to 
         a sink logit per head (gpt-oss) starts the softmax as one extra column (m = sink, l = 1)
 
 Decode (every q_len 1) is the same kernel with BLOCK_Q = 1 and the group's heads padded to 16 rows, so
-every K/V tile feeds all query heads that share it through one tl.dot. fp32 math throughout (fp32 dots
-in IEEE precision, not TF32, so fp32 parity with the torch path holds).
+every K/V tile feeds all query heads that share it through one tl.dot. The dots take the queries' dtype
+(bf16 on tensor cores; fp32 in IEEE precision, not TF32, so fp32 parity with the torch path holds) and
+accumulate in fp32; the softmax statistics and the output accumulator are fp32.
 
 The kernels are decorated on first use, not at import: TRITON_INTERPRET=1 (Triton's CPU interpreter, which
 the tests use on CPU tensors) is read when a function is decorated.
@@ -36,7 +37,8 @@ try:   # optional: the `cuda` extra (the device image has it); without it choose
 except ImportError:
     triton = tl = None
 
-BLOCK_N = 16   # keys per tile
+BLOCK_N = 32   # keys per tile
+PREFILL_ROWS = 64   # rows (query tokens x heads of a KV group) per prefill program
 
 
 def available() -> bool:
@@ -87,7 +89,7 @@ def choose_backend(config_value: Any, device: torch.device) -> str | None:
 
 
 def _attention_kernel(Q, K, V, O, TABLES, CTX, QSTART, QLEN, SINKS,
-                      sq_t, sq_h, sk_s, sk_h, sv_s, sv_h, so_t, so_h, st_s,
+                      sq_t, sq_h, sk_s, sk_h, sv_s, sv_h, so_t, so_h, st_s, st_b,
                       scale, window, softcap,
                       G: tl.constexpr, GP: tl.constexpr, BLOCK_Q: tl.constexpr, D: tl.constexpr,
                       DP: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr, HAS_WINDOW: tl.constexpr,
@@ -107,7 +109,7 @@ def _attention_kernel(Q, K, V, O, TABLES, CTX, QSTART, QLEN, SINKS,
     d = tl.arange(0, DP)
     d_ok = d < D
     q = tl.load(Q + (q_start + tok)[:, None] * sq_t + head[:, None] * sq_h + d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     q_pos = ctx - q_len + tok                                  # absolute position of each row's token
     first_pos = ctx - q_len + mb * BLOCK_Q
     hi = tl.minimum(ctx, first_pos + BLOCK_Q)                   # causal: no key past the block's last query
@@ -125,10 +127,10 @@ def _attention_kernel(Q, K, V, O, TABLES, CTX, QSTART, QLEN, SINKS,
     for n0 in range(start, hi, BN):
         pos = n0 + tl.arange(0, BN)
         p_ok = (pos < hi) & (pos >= lo)
-        blk = tl.load(TABLES + s * st_s + pos // BS, mask=p_ok, other=0)
+        blk = tl.load(TABLES + s * st_s + (pos // BS) * st_b, mask=p_ok, other=0)
         slot = blk.to(tl.int64) * BS + pos % BS
         kv_ok = p_ok[:, None] & d_ok[None, :]
-        k = tl.load(K + slot[:, None] * sk_s + kvh * sk_h + d[None, :], mask=kv_ok, other=0.0).to(tl.float32)
+        k = tl.load(K + slot[:, None] * sk_s + kvh * sk_h + d[None, :], mask=kv_ok, other=0.0).to(q.dtype)
         sc = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         if HAS_SOFTCAP:
             # tanh through exp (no tl.tanh on every Triton): cap * tanh(x / cap)
@@ -141,8 +143,8 @@ def _attention_kernel(Q, K, V, O, TABLES, CTX, QSTART, QLEN, SINKS,
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(sc - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + slot[:, None] * sv_s + kvh * sv_h + d[None, :], mask=kv_ok, other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+        v = tl.load(V + slot[:, None] * sv_s + kvh * sv_h + d[None, :], mask=kv_ok, other=0.0).to(q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=PRECISION)
         m_i = m_new
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(O + (q_start + tok)[:, None] * so_t + head[:, None] * so_h + d[None, :],
@@ -179,14 +181,14 @@ def paged_attention(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, ta
     if num_seqs == 0 or n == 0:
         return out
     gp = _pow2(group)
-    block_q = 1 if max_q == 1 else max(16 // gp, 1)
+    block_q = 1 if max_q == 1 else max(PREFILL_ROWS // gp, 1)
     gp = max(gp, 16 // block_q)           # tl.dot needs 16 rows: pad the heads of a decode program
     grid = (num_seqs, hkv, -(-max_q // block_q))
     fp32 = q_rows.dtype == torch.float32 or kc.dtype == torch.float32
     _kernel(interpreting())[grid](
         q_rows, kc, vc, out, tables, ctx_lens, q_starts, q_lens, sinks if sinks is not None else q_rows,
         q_rows.stride(0), q_rows.stride(1), kc.stride(0), kc.stride(1), vc.stride(0), vc.stride(1),
-        out.stride(0), out.stride(1), tables.stride(0),
+        out.stride(0), out.stride(1), tables.stride(0), tables.stride(1),
         float(scale), int(window or 0), float(softcap or 0.0),
         G=group, GP=gp, BLOCK_Q=block_q, D=dim, DP=max(_pow2(dim), 16), BS=block_size, BN=BLOCK_N,
         HAS_WINDOW=bool(window), HAS_SOFTCAP=bool(softcap), HAS_SINKS=sinks is not None,
