@@ -48,6 +48,12 @@ def compare(ctx_q, block_size=4, hq=4, hkv=2, dim=16, window=None, softcap=None,
     var = attention.Variant(scale if scale is not None else dim ** -0.5, window, softcap, sink)
     want = attention._paged_torch(q_rows.float(), kc.float(), vc.float(), step, var, hq != hkv, 0, step.paged_slots)
     got = cuda_attention.paged_step(q_rows, kc, vc, step, var, step.paged_slots)
+    # and again into a NaN-poisoned output: every element must be written
+    tables, ctx, q_start, q_len, max_q = step.scratch[("triton_meta", 0)]
+    poisoned = torch.full_like(got, float("nan"))
+    cuda_attention.paged_attention(q_rows, kc, vc, tables, ctx, q_start, q_len, max_q, block_size, var.scale,
+                                   var.window or 0, var.softcap or 0.0, var.sinks, out=poisoned)
+    assert torch.equal(poisoned, got), "the kernel left output elements unwritten (or is not deterministic)"
     assert got.shape == want.shape == (sum(q for _, q in ctx_q), hq, dim)
     assert got.dtype == dtype
     err = (got.float() - want).abs().max().item()

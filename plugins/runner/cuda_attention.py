@@ -51,9 +51,9 @@ def interpreting() -> bool:
 
     NOTE: Triton decorates its own library (tl.zeros, tl.max...) when it is first imported, so the variable
     must be set before that (transformers imports triton): set later, kernels fail inside the interpreter.
-    Hence both checks.
+    Hence the check on one of those.
     """
-    if triton is None or not triton.knobs.runtime.interpret:
+    if triton is None:
         return False
     from triton.runtime.interpreter import InterpretedFunction
     return isinstance(tl.zeros, InterpretedFunction)
