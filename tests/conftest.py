@@ -10,14 +10,15 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The suite runs on the random-weight demo model (its references); the trained one has its own tests.
 os.environ.setdefault("MODELCALL_DEMO_MODEL", "random")
-# The CUDA path's Triton kernels run here in Triton's CPU interpreter (tests/test_triton_*.py, test_cuda_graphs.py).
-# Triton reads TRITON_INTERPRET when first imported (transformers imports it), so it is set before anything: on
-# machines without an NVIDIA driver only (a GPU machine runs them compiled: tests/test_gpu.py).
-if not os.path.exists("/dev/nvidiactl"):
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+# The CUDA path's Triton kernels run here in Triton's CPU interpreter (tests/test_triton_*.py, test_cuda_graphs.py).
+# Triton reads TRITON_INTERPRET when first imported (transformers imports it; torch does not), so it is set before
+# any test module loads: without CUDA only (a GPU machine runs them compiled: tests/test_gpu.py).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 torch.set_num_threads(1)
 
