@@ -38,6 +38,9 @@ SOURCE = r"""
 #include <string.h>
 #include <math.h>
 #define PF_AHEAD 4
+#ifndef PF_BLOCKS
+#define PF_BLOCKS 2
+#endif
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -62,6 +65,105 @@ static inline __m512 load16(const void *base, int64_t off, int bf16) {
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
     return _mm512_loadu_ps((const float *)base + off);
+}
+#endif
+
+#if defined(__AVX512F__)
+/* out[k] = sum of v[k]'s 16 lanes: four rounds of shuffles and adds, then one permutation. */
+static inline __m512 hsum16(__m512 *v) {
+    __m512 w[8], x[4], y[2];
+    for (int i = 0; i < 8; i++)
+        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)
+        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++)
+        y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0xEE));
+    const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
+    /* z[4 * L + e] holds key 4 * e + L's sum (L: 128-bit lane) */
+    const __m512i idx = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    return _mm512_permutexvar_ps(idx, z);
+}
+
+/* The scores of 16 keys (rows sl[0..16)) against one query head: fp32 math, or bf16 pairs (q and K both bf16). */
+static inline __m512 dot16(const float *qq, const uint16_t *qb, const void *kc, int bf16, const int64_t *sl,
+                           int64_t rowlen, int64_t off, int64_t d) {
+    __m512 acc[16];
+#if defined(__AVX512BF16__)
+    if (qb) {
+        for (int k = 0; k < 16; k++) {
+            const uint16_t *kr = (const uint16_t *)kc + sl[k] * rowlen + off;
+            __m512 a = _mm512_setzero_ps();
+            for (int64_t w = 0; w < d; w += 32)
+                a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512((const void *)(qb + w)),
+                                     (__m512bh)_mm512_loadu_si512((const void *)(kr + w)));
+            acc[k] = a;
+        }
+        return hsum16(acc);
+    }
+#endif
+    for (int k = 0; k < 16; k++) {
+        const int64_t base = sl[k] * rowlen + off;
+        __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qq), load16(kc, base, bf16));
+        for (int64_t v = 16; v < d; v += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(qq + v), load16(kc, base + v, bf16), a);
+        acc[k] = a;
+    }
+    return hsum16(acc);
+}
+
+/* attend() for d % 16 == 0, d <= 256: keys in blocks of 16 (one block of the cache when block_size is 16), every
+ * head's scores of a block from one transposing reduction instead of one horizontal sum per key and head; the
+ * weighted sum of V keeps each head's output in registers over a block. */
+static void attend_vec(const float *qt, const uint16_t *qbt, float *ot, const void *kc, const void *vc, int bf16,
+                       const int64_t *sl, int64_t len, int64_t hq, int64_t hkv, int64_t d, float scale,
+                       float *scores) {
+    const int64_t g = hq / hkv, rowlen = hkv * d, es = bf16 ? 2 : 4, nv = d / 16;
+    const int64_t full = len & ~(int64_t)15;
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int64_t j0 = 0; j0 < full; j0 += 16) {
+        for (int64_t k = j0 + 16 * PF_BLOCKS; k < j0 + 16 * PF_BLOCKS + 16 && k < len; k++)   /* every line, early */
+            for (int64_t b = 0; b < rowlen * es; b += 64) __builtin_prefetch((const char *)kc + sl[k] * rowlen * es + b);
+        for (int64_t hh = 0; hh < hq; hh++)
+            _mm512_storeu_ps(scores + hh * len + j0,
+                             _mm512_mul_ps(dot16(qt + hh * d, qbt ? qbt + hh * d : NULL, kc, bf16, sl + j0, rowlen,
+                                                 (hh / g) * d, d), vs));
+    }
+    for (int64_t j = full; j < len; j++)
+        for (int64_t hh = 0; hh < hq; hh++) {
+            const int64_t base = sl[j] * rowlen + (hh / g) * d;
+            __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qt + hh * d), load16(kc, base, bf16));
+            for (int64_t v = 16; v < d; v += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qt + hh * d + v), load16(kc, base + v, bf16), acc);
+            scores[hh * len + j] = _mm512_reduce_add_ps(acc) * scale;
+        }
+    for (int64_t hh = 0; hh < hq; hh++) {
+        float *sc = scores + hh * len;
+        float m = -INFINITY, sum = 0.f;
+        for (int64_t j = 0; j < len; j++) m = sc[j] > m ? sc[j] : m;
+        for (int64_t j = 0; j < len; j++) { sc[j] = expf(sc[j] - m); sum += sc[j]; }
+        const float inv = 1.f / sum;
+        for (int64_t j = 0; j < len; j++) sc[j] *= inv;
+    }
+    memset(ot, 0, sizeof(float) * (size_t)(hq * d));
+    for (int64_t j0 = 0; j0 < len; j0 += 16) {
+        const int64_t j1 = j0 + 16 < len ? j0 + 16 : len;
+        for (int64_t k = j0 + 16 * PF_BLOCKS; k < j0 + 16 * PF_BLOCKS + 16 && k < len; k++)
+            for (int64_t b = 0; b < rowlen * es; b += 64) __builtin_prefetch((const char *)vc + sl[k] * rowlen * es + b);
+        for (int64_t hh = 0; hh < hq; hh++) {
+            __m512 o[16];
+            float *op = ot + hh * d;
+            const float *sc = scores + hh * len;
+            const int64_t off = (hh / g) * d;
+            for (int64_t v = 0; v < nv; v++) o[v] = _mm512_loadu_ps(op + 16 * v);
+            for (int64_t j = j0; j < j1; j++) {
+                const __m512 p = _mm512_set1_ps(sc[j]);
+                const int64_t base = sl[j] * rowlen + off;
+                for (int64_t v = 0; v < nv; v++) o[v] = _mm512_fmadd_ps(p, load16(vc, base + 16 * v, bf16), o[v]);
+            }
+            for (int64_t v = 0; v < nv; v++) _mm512_storeu_ps(op + 16 * v, o[v]);
+        }
+    }
 }
 #endif
 
@@ -164,7 +266,7 @@ int bind_threads(const int *cpus, int n) {
     return ok;
 }
 
-void paged_attention(const float *q, float *out, const void *kc, const void *vc, int bf16,
+void paged_attention(const float *q, const uint16_t *qb, float *out, const void *kc, const void *vc, int bf16,
                      const int64_t *tok_seq, const int64_t *tok_pos, const int64_t *slots, int64_t max_ctx,
                      int64_t n, int64_t hq, int64_t hkv, int64_t d, float scale, int64_t window,
                      float softcap, const float *sinks, int nthreads) {
@@ -175,6 +277,13 @@ void paged_attention(const float *q, float *out, const void *kc, const void *vc,
         #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < n; t++) {
             const int64_t len = tok_pos[t] + 1, first = window > 0 && len > window ? len - window : 0;
+#if defined(__AVX512F__)
+            if (d % 16 == 0 && d <= 256 && softcap == 0.f && !sinks) {
+                attend_vec(q + t * hq * d, qb && d % 32 == 0 ? qb + t * hq * d : NULL, out + t * hq * d, kc, vc, bf16,
+                           slots + tok_seq[t] * max_ctx + first, len - first, hq, hkv, d, scale, scores);
+                continue;
+            }
+#endif
             attend(q + t * hq * d, out + t * hq * d, kc, vc, bf16, slots + tok_seq[t] * max_ctx + first, len - first,
                    hq, hkv, d, scale, softcap, sinks, scores, scores + hq * max_ctx);
         }
@@ -211,7 +320,7 @@ def _build() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(lib_path)
     fn = lib.paged_attention
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [p, p, p, p, ctypes.c_int, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, ctypes.c_float,
+    fn.argtypes = [p, p, p, p, p, ctypes.c_int, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, ctypes.c_float,
                    p, ctypes.c_int]
     fn.restype = None
     lib.bind_threads.argtypes = [p, ctypes.c_int]
@@ -251,7 +360,10 @@ def paged_attention(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, st
     out = torch.empty_like(q)
     slots = step.paged_slots if slots is None else slots   # [S, max_ctx] of the layer's KV group
     sink = sinks.detach().float().contiguous() if sinks is not None else None
-    lib.paged_attention(q.data_ptr(), out.data_ptr(), kc.data_ptr(), vc.data_ptr(), int(kc.dtype == torch.bfloat16),
+    # bf16 queries over a bf16 cache: the C kernel's scores take bf16 pair dot products (AVX512-BF16) of the
+    # same bits (bf16 x bf16 products are exact in fp32), read from this copy
+    qb = q_rows.contiguous() if q_rows.dtype == torch.bfloat16 and kc.dtype == torch.bfloat16 else None
+    lib.paged_attention(q.data_ptr(), qb.data_ptr() if qb is not None else None, out.data_ptr(), kc.data_ptr(), vc.data_ptr(), int(kc.dtype == torch.bfloat16),
                         step.paged_token_seq.data_ptr(), step.paged_token_pos.data_ptr(), slots.data_ptr(),
                         slots.shape[1], n, hq, kc.shape[1], d, scale, window, softcap,
                         sink.data_ptr() if sink is not None else None, torch.get_num_threads())

@@ -20,6 +20,12 @@ import torch
 log = logging.getLogger("modelcall.runner")
 
 
+def gemm(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ W.T (+ bias) with W in oneDNN's packed layout: every packed GEMM of the model goes through here
+    (benchmarks/gemm_fraction.py times them by wrapping this function)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
 class PackedLinear(torch.nn.Module):
     """Drop-in for an `nn.Linear` whose weight lives only in oneDNN's packed layout."""
 
@@ -30,7 +36,7 @@ class PackedLinear(torch.nn.Module):
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return gemm(x, self.packed, self.bias)
 
 
 class FusedLinears:
@@ -53,7 +59,7 @@ class FusedLinears:
         # NOTE: identity, not equality: the first sibling called on a new input tensor runs the GEMM; holding
         # `x` keeps its id from being reused. Dropped once every sibling has read its slice.
         if self._x is not x:
-            self._y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+            self._y = gemm(x, self.packed, self.bias)
             self._x, self._left = x, len(self.bounds)
         y = self._y
         a, b = self.bounds[i]
@@ -118,7 +124,7 @@ class SerialGatedMLP:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         f, width = self.fused, self.width
-        y = torch.ops.mkldnn._linear_pointwise(x, f.packed, f.bias, "none", [], "")
+        y = gemm(x, f.packed, f.bias)
         g, u = y[..., :width], y[..., width:]
         h = torch.empty(g.shape, dtype=y.dtype)
         g2, u2, h2 = g.reshape(-1, width), u.reshape(-1, width), h.view(-1, width)

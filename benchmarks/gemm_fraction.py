@@ -1,0 +1,160 @@
+"""The ceiling of the decode step: which fraction of a batch-32 decode step of the W1 model is GEMM time.
+
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/gemm_fraction.py [--threads 1] [--profile-steps 6]
+        [--model DIR --dataset W1.jsonl]   (default: builds ../shared/bench's w1 model)
+
+W1 runs through the kernel (32 requests, 128 new tokens, greedy, pinned threads). In every decode step with all
+32 requests in the batch, each packed GEMM (packing.gemm: q/k/v, o, gate/up, down, lm_head) and each attention
+call is timed, wall and CPU time of the compute thread, beside the whole step (runner.execute). Printed: the
+GEMM and attention fractions of the step, medians over the steps. With one thread the CPU-time fraction is the
+one to read (a neighbour taking the core stretches wall time, not CPU time); with two, the OpenMP worker's CPU
+time is not the calling thread's, so wall fractions are printed.
+
+Then --profile-steps of them run under torch.profiler (CPU): the GEMM ops' share of all ops' self time and the
+top ops. NOTE: on this machine the profiler itself stretched a step ~3x (every op is recorded), so its fraction
+over the profiled step's wall undercounts; it is printed for the op table, not as the figure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GEMM_OPS = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::bmm", "aten::linear")
+
+
+class Clock:
+    """Wall and thread-CPU seconds spent inside a wrapped function, since the last reset."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.wall, self.cpu = fn, 0.0, 0.0
+
+    def __call__(self, *a, **kw):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            return self.fn(*a, **kw)
+        finally:
+            self.wall += time.perf_counter() - t0
+            self.cpu += time.thread_time() - c0
+
+    def take(self) -> tuple[float, float]:
+        out = (self.wall, self.cpu)
+        self.wall = self.cpu = 0.0
+        return out
+
+
+def reference_model(scratch: str) -> tuple[str, str]:
+    subprocess.run([sys.executable, os.path.join(REPO, "..", "shared", "bench", "make_reference_model.py"),
+                    scratch, "--size", "w1"], check=True, capture_output=True)
+    return os.path.join(scratch, "model"), os.path.join(scratch, "w1.jsonl")
+
+
+class StepProbe:
+    """Wraps runner.execute: per full-batch decode step, the step's and its GEMMs' and attention's time."""
+
+    def __init__(self, runner, batch: int, skip: int, profile_steps: int) -> None:
+        from modelcall.plugins.runner import attention, cpu_kernel, packing
+
+        self.inner, self.batch, self.skip, self.left = runner.execute, batch, skip, profile_steps
+        self.gemm = packing.gemm = Clock(packing.gemm)
+        self.attn = cpu_kernel.paged_attention = Clock(cpu_kernel.paged_attention)
+        self.chunk = attention._chunk_attention = Clock(attention._chunk_attention)
+        self.rows: list[dict[str, float]] = []
+        self.prof_gemm = self.prof_ops = 0.0
+        self.prof_steps = 0
+        self.table: dict[str, float] = {}
+
+    def __call__(self, plan):
+        import torch
+
+        decode = len(plan.chunks) == self.batch and all(c.num_new_tokens == 1 for c in plan.chunks)
+        if not decode or self.skip > 0:   # the first decode steps warm caches
+            self.skip -= decode
+            return self.inner(plan)
+        if self.left > 0 and len(self.rows) % 4 == 3:   # every fourth step under the profiler
+            self.left -= 1
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                out = self.inner(plan)
+            self.prof_steps += 1
+            for ev in prof.key_averages():
+                self.table[ev.key] = self.table.get(ev.key, 0.0) + ev.self_cpu_time_total / 1e6
+                self.prof_ops += ev.self_cpu_time_total / 1e6
+                if ev.key in GEMM_OPS:
+                    self.prof_gemm += ev.self_cpu_time_total / 1e6
+            self.gemm.take(), self.attn.take(), self.chunk.take()
+            self.rows.append({})
+            return out
+        self.gemm.take(), self.attn.take(), self.chunk.take()
+        t0, c0 = time.perf_counter(), time.thread_time()
+        out = self.inner(plan)
+        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+        (gw, gc), (aw, ac), (cw, cc) = self.gemm.take(), self.attn.take(), self.chunk.take()
+        self.rows.append({"wall": wall, "cpu": cpu, "gemm_wall": gw, "gemm_cpu": gc, "attn_wall": aw + cw,
+                          "attn_cpu": ac + cc})
+        return out
+
+
+async def run(args) -> None:
+    import anyio
+
+    from modelcall.core import Kernel, KernelConfig
+
+    with open(args.dataset) as f:
+        rows = [json.loads(line) for line in f if line.strip()][:args.batch]
+    cfg = KernelConfig(model=args.model, threads=args.threads, max_num_seqs=args.batch,
+                       plugin_config={"runner": {"cpu_bind": "auto"}})
+    async with Kernel(cfg) as kernel:
+        async def w1() -> None:
+            async with anyio.create_task_group() as tg:
+                for r in rows:
+                    tg.start_soon(lambda r=r: kernel.complete(prompt_token_ids=r["prompt_token_ids"],
+                                                              max_tokens=args.new_tokens, temperature=0,
+                                                              ignore_eos=True))
+        await w1()   # warm-up
+        probe = StepProbe(kernel.runner, args.batch, skip=4, profile_steps=args.profile_steps)
+        kernel.runner.execute = probe
+        kernel.kv.reset_prefix_cache()
+        await w1()
+    rows = [r for r in probe.rows if r]
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    frac = {k: statistics.median(r[k] / r[k.split("_")[1]] for r in rows) for k in rows[0] if "_" in k}
+    print(f"W1 decode steps at batch {args.batch}, threads {args.threads}: {len(rows)} timed")
+    print(f"  step        {med['wall'] * 1e3:7.2f} ms wall  {med['cpu'] * 1e3:7.2f} ms CPU (compute thread)")
+    print(f"  GEMMs       {med['gemm_wall'] * 1e3:7.2f} ms wall  {med['gemm_cpu'] * 1e3:7.2f} ms CPU")
+    print(f"  attention   {med['attn_wall'] * 1e3:7.2f} ms wall  {med['attn_cpu'] * 1e3:7.2f} ms CPU")
+    print(f"GEMM fraction of the decode step (wall): {frac['gemm_wall']:.3f}")
+    print(f"GEMM fraction of the decode step (CPU time; read this one with 1 thread): {frac['gemm_cpu']:.3f}")
+    print(f"attention fraction (wall): {frac['attn_wall']:.3f}, (CPU): {frac['attn_cpu']:.3f}")
+    if probe.prof_steps:
+        n = probe.prof_steps
+        print(f"torch.profiler, {n} steps: GEMM ops {probe.prof_gemm / n * 1e3:.2f} ms of {probe.prof_ops / n * 1e3:.2f} "
+              f"ms self time of all ops ({probe.prof_gemm / probe.prof_ops:.3f}); top ops (ms per step):")
+        for key, sec in sorted(probe.table.items(), key=lambda kv: -kv[1])[:10]:
+            print(f"  {sec / n * 1e3:8.3f}  {key}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--profile-steps", type=int, default=6)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--model")
+    ap.add_argument("--dataset")
+    args = ap.parse_args()
+    if not args.model:
+        args.model, args.dataset = reference_model(tempfile.mkdtemp())
+    import anyio
+    anyio.run(run, args)
+
+
+if __name__ == "__main__":
+    main()
