@@ -88,6 +88,27 @@ def test_top_p_keeps_the_nucleus():
     assert set(draw(chunk(temperature=1.0, top_p=0.5), x, 50)) == {5}   # the top token always stays
 
 
+def test_mixed_top_k_and_top_p_rows_keep_exactly_their_sets():
+    """Each row's distribution keeps the tokens a per-row sort says it should (top-k first, then the smallest
+    prefix reaching top-p), with and without a row that has no top-k (the full-sort path), and renormalises."""
+    x = logits_rows(5, seed=7)
+    settings = [(3, 1.0), (10, 0.5), (1, 1.0), (40, 0.9), (0, 0.7)]
+    for rows in (settings[:4], settings):
+        reqs = [chunk(temperature=0.7, top_k=k, top_p=p).request for k, p in rows]
+        probs = TorchSampler.target_probs(x[:len(rows)].clone(), reqs)
+        for i, (k, p) in enumerate(rows):
+            order = (x[i] / 0.7).sort(descending=True).indices.tolist()[:k or VOCAB]
+            mass = (x[i, order] / 0.7).softmax(-1).tolist()
+            keep, acc = [], 0.0
+            for t, m in zip(order, mass):
+                if keep and acc >= p:
+                    break
+                keep.append(t)
+                acc += m
+            assert set(probs[i].nonzero().squeeze(1).tolist()) == set(keep), (k, p)
+            assert abs(probs[i].sum().item() - 1.0) < 1e-5
+
+
 def test_min_p_drops_tokens_below_a_share_of_the_best():
     x = torch.full((1, VOCAB), -10.0)
     x[0, [3, 4, 6]] = torch.tensor([0.5, 0.3, 0.05]).log()

@@ -240,10 +240,18 @@ def argmax(x: torch.Tensor, chunk: int = 256) -> torch.Tensor:
 
 
 def _top_k_top_p(x: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
-    """Keep each row's `top_k` largest logits, then the smallest set whose probability reaches `top_p`."""
+    """Keep each row's `top_k` largest logits, then the smallest set whose probability reaches `top_p`.
+
+    NOTE: when every row has a top-k below the vocabulary, only the largest max(top_k) logits of each row are
+    selected and sorted (torch.topk), not the whole row: top-p only ever looks at what top-k kept (W1's vocab,
+    32 rows, top_k 50: a full sort of 32 x 32,000 against a top-50 selection)."""
     dev = x.device
-    sorted_x, order = x.sort(-1, descending=True)
     vocab = x.shape[1]
+    if max(top_k) < vocab:
+        sorted_x, order = x.topk(max(top_k), dim=-1)      # sorted, largest first
+    else:
+        sorted_x, order = x.sort(-1, descending=True)
+    vocab = sorted_x.shape[1]
     ranks = torch.arange(vocab, device=dev)[None, :]
     drop = ranks >= torch.tensor(top_k, device=dev)[:, None]
     sorted_x = sorted_x.masked_fill(drop, NEG_INF)
