@@ -6,9 +6,11 @@
 # alike. Prints each server's figures (median over rounds: output tok/s, client-side TTFT p50 / p99, server
 # CPU ms per output token) and the ratios against vllm serve.
 #   benchmarks/w2_serve_vs_vllm.sh
-# Environment: THREADS=2 (compute threads of both: modelcall --threads N, vLLM VLLM_CPU_OMP_THREADS_BIND=0-(N-1);
-# 1 = vLLM's own default binding), ROUNDS=3, OVERLAP="on off" (the modelcall servers to run), KEEP=DIR (keep the
-# logs and JSON figures there), PEER_VENV (vllm-cpu's venv, as ../shared/bench/vllm_peer.sh).
+# Environment: THREADS=2 (compute threads of both: modelcall --threads N; vLLM VLLM_CPU_OMP_THREADS_BIND=0-(N-1),
+# 1 = vLLM's own default binding: one core for compute, one reserved), PEER_BIND (vLLM's binding instead, e.g.
+# "nobind": N unpinned threads; pinned threads with vLLM's 5 ms spin collapse when other processes share the cores),
+# ROUNDS=3, OVERLAP="on off" (the modelcall servers to run), KEEP=DIR (keep the logs and JSON figures there),
+# PEER_VENV (vllm-cpu's venv, as ../shared/bench/vllm_peer.sh).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 shared=${SHARED_DIR:-$repo/../shared}
@@ -45,10 +47,18 @@ wait_up() {  # URL PID LOG: until /v1/models answers (vLLM's CPU start takes a m
 names=() urls=() spids=()
 # vllm serve: the env ../shared/bench/vllm_peer.sh sets for the offline peer; prefix caching on (V1's default, said).
 vport=$(free_port)
+vbind=${PEER_BIND:-}
+if [ -z "$vbind" ] && [ "$threads" -gt 1 ]; then vbind=0-$((threads - 1)); fi
 (
   export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}
-  [ -f "$venv/lib/libiomp5.so" ] && export LD_PRELOAD="$venv/lib/libiomp5.so"
-  [ "$threads" -gt 1 ] && export VLLM_CPU_OMP_THREADS_BIND=0-$((threads - 1))
+  # vLLM's CPU install guide: Intel OpenMP and tcmalloc preloaded (it warns without tcmalloc).
+  preload=
+  for lib in /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 "$venv/lib/libiomp5.so"; do
+    [ -f "$lib" ] && preload=${preload:+$preload:}$lib
+  done
+  [ -n "$preload" ] && export LD_PRELOAD="$preload"
+  if [ -n "$vbind" ]; then export VLLM_CPU_OMP_THREADS_BIND=$vbind; fi
+  if [ "$vbind" = nobind ]; then export OMP_NUM_THREADS=$threads; fi  # else vLLM drops to one torch thread
   exec "$venv/bin/vllm" serve "$scratch/model" --served-model-name w1 --dtype bfloat16 --max-model-len 2048 \
     --enforce-eager --enable-prefix-caching --host 127.0.0.1 --port "$vport"
 ) >"$scratch/vllm.log" 2>&1 &
@@ -64,7 +74,7 @@ for mode in $overlap; do
 done
 names+=(vllm) urls+=("http://127.0.0.1:$vport") spids+=($vpid)
 wait_up "http://127.0.0.1:$vport" "$vpid" "$scratch/vllm.log"
-echo "servers up: ${names[*]} (threads $threads); load average: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+echo "servers up: ${names[*]} (threads $threads, vLLM binding ${vbind:-its default}); load average: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
 bench() {  # NAME URL PID OUT [extra args]
   "$mc" bench serve --base-url "$2" --model w1 --workload w2 --tokenizer "$scratch/model" --concurrency 32 \
