@@ -74,25 +74,13 @@ class TorchSampler:
     @staticmethod
     def _penalize(x: torch.Tensor, reqs: list[Any], rows: torch.Tensor) -> None:
         """Presence/frequency over output tokens, repetition over prompt + output (as HF and vLLM)."""
-        n, vocab = len(reqs), x.shape[1]
         dev = x.device
         sub = x.index_select(0, rows)
-        out_r, out_t, all_r, all_t = [], [], [], []
-        for k, r in enumerate(reqs):
-            out = r.output_token_ids
-            out_r.extend([k] * len(out))
-            out_t.extend(out)
-            if r.params.repetition_penalty != 1.0:
-                all_r.extend([k] * len(r.all_token_ids))
-                all_t.extend(r.all_token_ids)
-        counts = torch.zeros(n, vocab, device=dev)
-        if out_t:
-            counts.index_put_((torch.tensor(out_r, device=dev), torch.tensor(out_t, device=dev)),
-                              torch.ones(len(out_t), device=dev), accumulate=True)
+        state = [_penalty_counts(r, x.shape[1], dev) for r in reqs]
+        counts = torch.stack([c.counts for c in state])
         rep = torch.tensor([r.params.repetition_penalty for r in reqs], device=dev)[:, None]
-        if all_t:
-            seen = torch.zeros(n, vocab, dtype=torch.bool, device=dev)
-            seen[torch.tensor(all_r, device=dev), torch.tensor(all_t, device=dev)] = True
+        if any(r.params.repetition_penalty != 1.0 for r in reqs):
+            seen = torch.stack([c.seen for c in state])
             sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
         freq = torch.tensor([r.params.frequency_penalty for r in reqs], device=dev)[:, None]
         pres = torch.tensor([r.params.presence_penalty for r in reqs], device=dev)[:, None]
@@ -218,6 +206,39 @@ class TorchSampler:
                 top = tuple(TokenLogprob(t, l) for t, l in zip(top_i[k][:p.logprobs], top_v[k][:p.logprobs]))
             out.append(PositionLogprobs(token_id=tokens[k], logprob=chosen[k], top=top))
         return tokens, out
+
+
+class PenaltyCounts:
+    """One request's token counts for penalties, kept between steps and updated with the tokens appended since
+    (instead of rebuilt from every output token each step): `counts` of output tokens, `seen` prompt + output."""
+
+    def __init__(self, vocab: int, device: torch.device) -> None:
+        self.counts = torch.zeros(vocab, device=device)
+        self.seen = torch.zeros(vocab, dtype=torch.bool, device=device)
+        self.upto = 0          # all_token_ids[:upto] are counted
+        self.prompt = 0        # num_prompt_tokens when counted (a new prompt: start again)
+
+
+PENALTY_STATE = "sampler.penalty_counts"
+
+
+def _penalty_counts(req: Any, vocab: int, device: torch.device) -> PenaltyCounts:
+    st = req.extra.get(PENALTY_STATE)
+    total, prompt = len(req.all_token_ids), req.num_prompt_tokens
+    # NOTE: a rejected speculative draft or a rewound request can shorten all_token_ids: recount from scratch
+    if st is None or st.upto > total or st.prompt != prompt or st.counts.shape[0] != vocab or st.counts.device != device:
+        st = req.extra[PENALTY_STATE] = PenaltyCounts(vocab, device)
+        st.prompt = prompt
+    if st.upto < total:
+        new = req.all_token_ids[st.upto:total]
+        ids = torch.tensor([t for t in new if t < vocab], dtype=torch.long, device=device)
+        st.seen[ids] = True
+        out = [t for t in req.all_token_ids[max(st.upto, prompt):total] if t < vocab]
+        if out:
+            st.counts.index_put_((torch.tensor(out, dtype=torch.long, device=device),),
+                                 torch.ones(len(out), device=device), accumulate=True)
+        st.upto = total
+    return st
 
 
 def argmax(x: torch.Tensor, chunk: int = 256) -> torch.Tensor:
