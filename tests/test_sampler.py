@@ -136,24 +136,22 @@ def test_penalty_counts_kept_between_steps_equal_a_fresh_count():
     """The counts a request keeps across steps (updated with each step's new tokens) penalise exactly as counts
     made from scratch for a request holding the same tokens; a shortened token list is recounted."""
     x = logits_rows(1, seed=5)
-    kept = chunk(prompt=(3, 4, 3), temperature=0, frequency_penalty=0.3, presence_penalty=0.2,
-                 repetition_penalty=1.3)
-    for t in (4, 9, 9, 3, 63, 9):
-        kept.request.all_token_ids.append(t)
-        fresh = chunk(prompt=(3, 4, 3), output=kept.request.output_token_ids, temperature=0, frequency_penalty=0.3,
-                      presence_penalty=0.2, repetition_penalty=1.3)
+    penalties = dict(temperature=0, frequency_penalty=0.3, presence_penalty=0.2, repetition_penalty=1.3)
+    kept = chunk(prompt=(3, 4, 3), **penalties)
+
+    def same_as_fresh() -> torch.Tensor:
+        fresh = chunk(prompt=(3, 4, 3), output=kept.request.output_token_ids, **penalties)
         a, b = x.clone(), x.clone()
         TorchSampler._penalize(a, [kept.request], torch.tensor([0]))
         TorchSampler._penalize(b, [fresh.request], torch.tensor([0]))
         assert torch.equal(a, b)
-    assert not torch.equal(a, x)
+        return a
+
+    for t in (4, 9, 9, 3, 63, 9):
+        kept.request.all_token_ids.append(t)
+        assert not torch.equal(same_as_fresh(), x)
     del kept.request.all_token_ids[-3:]      # e.g. rolled back
-    fresh = chunk(prompt=(3, 4, 3), output=kept.request.output_token_ids, temperature=0, frequency_penalty=0.3,
-                  presence_penalty=0.2, repetition_penalty=1.3)
-    a, b = x.clone(), x.clone()
-    TorchSampler._penalize(a, [kept.request], torch.tensor([0]))
-    TorchSampler._penalize(b, [fresh.request], torch.tensor([0]))
-    assert torch.equal(a, b)
+    same_as_fresh()
 
 
 def test_logits_processors_run_before_choosing():
