@@ -62,11 +62,15 @@ class StepProbe:
 
     def __init__(self, runner, batch: int, skip: int, profile_steps: int) -> None:
         from modelcall.plugins.runner import attention, cpu_kernel, packing
+        from modelcall.plugins.runner import runner as runner_mod
 
         self.inner, self.batch, self.skip, self.left = runner.execute, batch, skip, profile_steps
         self.gemm = packing.gemm = Clock(packing.gemm)
         self.attn = cpu_kernel.paged_attention = Clock(cpu_kernel.paged_attention)
         self.chunk = attention._chunk_attention = Clock(attention._chunk_attention)
+        self.build = runner_mod.build_step = Clock(runner_mod.build_step)   # the step's tensors from the plan
+        self.sample = Clock(runner.sampler.sample)
+        runner.sampler.sample = self.sample
         self.rows: list[dict[str, float]] = []
         self.prof_gemm = self.prof_ops = 0.0
         self.prof_steps = 0
@@ -89,16 +93,17 @@ class StepProbe:
                 self.prof_ops += ev.self_cpu_time_total / 1e6
                 if ev.key in GEMM_OPS:
                     self.prof_gemm += ev.self_cpu_time_total / 1e6
-            self.gemm.take(), self.attn.take(), self.chunk.take()
+            self.gemm.take(), self.attn.take(), self.chunk.take(), self.build.take(), self.sample.take()
             self.rows.append({})
             return out
-        self.gemm.take(), self.attn.take(), self.chunk.take()
+        self.gemm.take(), self.attn.take(), self.chunk.take(), self.build.take(), self.sample.take()
         t0, c0 = time.perf_counter(), time.thread_time()
         out = self.inner(plan)
         wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
         (gw, gc), (aw, ac), (cw, cc) = self.gemm.take(), self.attn.take(), self.chunk.take()
+        (bw, bc), (sw, sc) = self.build.take(), self.sample.take()
         self.rows.append({"wall": wall, "cpu": cpu, "gemm_wall": gw, "gemm_cpu": gc, "attn_wall": aw + cw,
-                          "attn_cpu": ac + cc})
+                          "attn_cpu": ac + cc, "build_wall": bw, "build_cpu": bc, "sample_wall": sw, "sample_cpu": sc})
         return out
 
 
@@ -130,6 +135,8 @@ async def run(args) -> None:
     print(f"  step        {med['wall'] * 1e3:7.2f} ms wall  {med['cpu'] * 1e3:7.2f} ms CPU (compute thread)")
     print(f"  GEMMs       {med['gemm_wall'] * 1e3:7.2f} ms wall  {med['gemm_cpu'] * 1e3:7.2f} ms CPU")
     print(f"  attention   {med['attn_wall'] * 1e3:7.2f} ms wall  {med['attn_cpu'] * 1e3:7.2f} ms CPU")
+    print(f"  build_step  {med['build_wall'] * 1e3:7.2f} ms wall  {med['build_cpu'] * 1e3:7.2f} ms CPU")
+    print(f"  sampler     {med['sample_wall'] * 1e3:7.2f} ms wall  {med['sample_cpu'] * 1e3:7.2f} ms CPU")
     print(f"GEMM fraction of the decode step (wall): {frac['gemm_wall']:.3f}")
     print(f"GEMM fraction of the decode step (CPU time; read this one with 1 thread): {frac['gemm_cpu']:.3f}")
     print(f"attention fraction (wall): {frac['attn_wall']:.3f}, (CPU): {frac['attn_cpu']:.3f}")

@@ -1,0 +1,181 @@
+"""Long prompts through one engine (modelcall in-process, or vLLM offline in the peer's venv): W3 and the growth
+of the time per output token with the context. benchmarks/w3_vs_vllm.sh runs it for both engines and plots.
+
+    python benchmarks/long_context.py --engine modelcall|vllm --model DIR [--threads 2] [--out FILE.json]
+        [--w3-runs 2] [--contexts 512,1024,2048,3072,4032] [--growth-batch 8] [--growth-new 32]
+
+W3: 16 requests x 1,920 prompt token ids (seeded random ids, no special tokens), 128 new tokens, greedy, EOS
+ignored, all at once; output tokens / wall seconds of the batch, prefill included; median of --w3-runs after a
+warm-up. Each run's prompts are fresh (a new seed), so no engine serves them from its prefix cache.
+Growth: at each context length, --growth-batch requests of that many prompt tokens run once with 1 new token and
+once with 1 + --growth-new; time per output token = (t_long - t_short) / growth_new (the prefill cancels out).
+4,032 is the longest context here: with 64 generated tokens it fills the model's 4,096 positions.
+Both wall time and this process tree's CPU time are recorded (the machine is shared).
+--w1 FILE adds W1 (the rows of ../shared/bench's w1.jsonl, all at once, median of --w1-runs after a warm-up; both engines keep
+their prefix caches between runs, as w1_vs_vllm.sh does by default) with CPU time beside wall (benchmarks/w1_vs_vllm.sh reports wall only).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+SPECIAL = 9   # ids below this are the reference tokenizer's special tokens
+
+
+def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(SPECIAL, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and its live children (vLLM's engine core may run in a child)."""
+    try:
+        import psutil
+    except ImportError:   # modelcall's venv: one process
+        return time.process_time()
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:
+            pass
+    return total
+
+
+class VllmEngine:
+    def __init__(self, model: str, max_len: int) -> None:
+        from vllm import LLM
+        self.llm = LLM(model=model, dtype="bfloat16", max_model_len=max_len, enforce_eager=True)
+
+    def generate(self, batch: list[list[int]], new: int) -> int:
+        from vllm import SamplingParams
+        params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+        return sum(len(o.outputs[0].token_ids) for o in outs)
+
+    def close(self) -> None:
+        pass
+
+
+class ModelcallEngine:
+    def __init__(self, model: str, threads: int, kv_gb: float) -> None:
+        import anyio.from_thread
+
+        from modelcall.core import Kernel, KernelConfig
+        cfg = KernelConfig(model=model, threads=threads, kv_cache_memory_gb=kv_gb,
+                           plugin_config={"runner": {"cpu_bind": "auto"}})
+        self._portal_cm = anyio.from_thread.start_blocking_portal()
+        self.portal = self._portal_cm.__enter__()
+        self._kernel_cm = self.portal.wrap_async_context_manager(Kernel(cfg))   # entered and left in one task
+        self.kernel = self._kernel_cm.__enter__()
+
+    def generate(self, batch: list[list[int]], new: int) -> int:
+        async def run() -> int:
+            import anyio
+            counts: list[int] = []
+
+            async def one(p: list[int]) -> None:
+                out = await self.kernel.complete(prompt_token_ids=p, max_tokens=new, temperature=0, ignore_eos=True)
+                counts.append(len(out.token_ids))
+            async with anyio.create_task_group() as tg:
+                for p in batch:
+                    tg.start_soon(one, p)
+            return sum(counts)
+        return self.portal.call(run)
+
+    def close(self) -> None:
+        self._kernel_cm.__exit__(None, None, None)
+        self._portal_cm.__exit__(None, None, None)
+
+
+def timed(engine, batch: list[list[int]], new: int) -> tuple[float, float, int]:
+    t0, c0 = time.perf_counter(), cpu_seconds()
+    n = engine.generate(batch, new)
+    return time.perf_counter() - t0, cpu_seconds() - c0, n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--engine", choices=("modelcall", "vllm"), required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out")
+    ap.add_argument("--w3-runs", type=int, default=2)
+    ap.add_argument("--contexts", default="512,1024,2048,3072,4032")
+    ap.add_argument("--growth-batch", type=int, default=8)
+    ap.add_argument("--growth-new", type=int, default=32)
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: w3, growth")
+    ap.add_argument("--w1", help="also W1 from this JSONL (../shared/bench's w1.jsonl), median of --w1-runs")
+    ap.add_argument("--w1-runs", type=int, default=3)
+    args = ap.parse_args()
+    with open(os.path.join(args.model, "config.json")) as f:
+        cfg = json.load(f)
+    vocab, max_len = int(cfg["vocab_size"]), int(cfg["max_position_embeddings"])
+    if args.engine == "vllm":
+        engine = VllmEngine(args.model, max_len)
+    else:
+        engine = ModelcallEngine(args.model, args.threads, kv_gb=2.0)
+    skip = set(args.skip.split(","))
+    result: dict = {"engine": args.engine, "threads": args.threads}
+    try:
+        engine.generate(prompts(2, 64, vocab, 1), 8)   # warm-up
+        if args.w1:
+            with open(args.w1) as f:
+                rows = [json.loads(line) for line in f if line.strip()]
+            batch = [r["prompt_token_ids"] for r in rows]
+            engine.generate(batch, 8)   # warm-up at the W1 shapes (the peer's vllm_w1.py warms up on 2 prompts)
+            runs = []
+            for r in range(args.w1_runs):
+                wall, cpu, n = timed(engine, batch, rows[0]["max_tokens"])
+                runs.append({"wall_s": wall, "cpu_s": cpu, "tokens": n})
+                print(f"{args.engine} W1 run {r}: {n / wall:.1f} tok/s wall, {n / cpu:.1f} tok per CPU-second",
+                      file=sys.stderr, flush=True)
+            result["w1_runs"] = runs
+            result["w1_tok_s"] = statistics.median(x["tokens"] / x["wall_s"] for x in runs)
+            result["w1_tok_cpu_s"] = statistics.median(x["tokens"] / x["cpu_s"] for x in runs)
+        if "w3" not in skip:
+            engine.generate(prompts(16, 1920, vocab, 99), 8)   # warm-up at the W3 shapes
+            runs = []
+            for r in range(args.w3_runs):
+                wall, cpu, n = timed(engine, prompts(16, 1920, vocab, 100 + r), 128)
+                runs.append({"wall_s": wall, "cpu_s": cpu, "tokens": n})
+                print(f"{args.engine} W3 run {r}: {n / wall:.1f} tok/s wall, {n / cpu:.1f} tok per CPU-second",
+                      file=sys.stderr, flush=True)
+            result["w3_runs"] = runs
+            result["w3_tok_s"] = statistics.median(x["tokens"] / x["wall_s"] for x in runs)
+            result["w3_tok_cpu_s"] = statistics.median(x["tokens"] / x["cpu_s"] for x in runs)
+        if "growth" not in skip:
+            growth = []
+            for i, ctx in enumerate(int(c) for c in args.contexts.split(",")):
+                batch_short = prompts(args.growth_batch, ctx, vocab, 1000 + 2 * i)
+                batch_long = prompts(args.growth_batch, ctx, vocab, 1001 + 2 * i)
+                w1, c1, _ = timed(engine, batch_short, 1)
+                w2, c2, _ = timed(engine, batch_long, 1 + args.growth_new)
+                row = {"context": ctx, "tpot_ms": (w2 - w1) / args.growth_new * 1e3,
+                       "tpot_cpu_ms": (c2 - c1) / args.growth_new * 1e3, "prefill_s": w1}
+                growth.append(row)
+                print(f"{args.engine} context {ctx}: {row['tpot_ms']:.1f} ms per output step (batch "
+                      f"{args.growth_batch}), {row['tpot_cpu_ms']:.1f} CPU-ms; prefill {w1:.2f} s",
+                      file=sys.stderr, flush=True)
+            result["growth"] = growth
+            result["growth_batch"] = args.growth_batch
+    finally:
+        engine.close()
+    text = json.dumps(result)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
