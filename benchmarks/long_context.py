@@ -103,6 +103,20 @@ def timed(engine, batch: list[list[int]], new: int) -> tuple[float, float, int]:
     return time.perf_counter() - t0, cpu_seconds() - c0, n
 
 
+def throughput(engine, name: str, key: str, result: dict, batches: list[list[list[int]]], new: int) -> None:
+    """One timed run per batch; result[key + "_runs"], and the medians of output tokens per wall second and
+    per CPU-second."""
+    runs = []
+    for r, batch in enumerate(batches):
+        wall, cpu, n = timed(engine, batch, new)
+        runs.append({"wall_s": wall, "cpu_s": cpu, "tokens": n})
+        print(f"{name} {key.upper()} run {r}: {n / wall:.1f} tok/s wall, {n / cpu:.1f} tok per CPU-second",
+              file=sys.stderr, flush=True)
+    result[f"{key}_runs"] = runs
+    result[f"{key}_tok_s"] = statistics.median(x["tokens"] / x["wall_s"] for x in runs)
+    result[f"{key}_tok_cpu_s"] = statistics.median(x["tokens"] / x["cpu_s"] for x in runs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--engine", choices=("modelcall", "vllm"), required=True)
@@ -133,26 +147,11 @@ def main() -> None:
                 rows = [json.loads(line) for line in f if line.strip()]
             batch = [r["prompt_token_ids"] for r in rows]
             engine.generate(batch, 8)   # warm-up at the W1 shapes (the peer's vllm_w1.py warms up on 2 prompts)
-            runs = []
-            for r in range(args.w1_runs):
-                wall, cpu, n = timed(engine, batch, rows[0]["max_tokens"])
-                runs.append({"wall_s": wall, "cpu_s": cpu, "tokens": n})
-                print(f"{args.engine} W1 run {r}: {n / wall:.1f} tok/s wall, {n / cpu:.1f} tok per CPU-second",
-                      file=sys.stderr, flush=True)
-            result["w1_runs"] = runs
-            result["w1_tok_s"] = statistics.median(x["tokens"] / x["wall_s"] for x in runs)
-            result["w1_tok_cpu_s"] = statistics.median(x["tokens"] / x["cpu_s"] for x in runs)
+            throughput(engine, args.engine, "w1", result, [batch] * args.w1_runs, rows[0]["max_tokens"])
         if "w3" not in skip:
             engine.generate(prompts(16, 1920, vocab, 99), 8)   # warm-up at the W3 shapes
-            runs = []
-            for r in range(args.w3_runs):
-                wall, cpu, n = timed(engine, prompts(16, 1920, vocab, 100 + r), 128)
-                runs.append({"wall_s": wall, "cpu_s": cpu, "tokens": n})
-                print(f"{args.engine} W3 run {r}: {n / wall:.1f} tok/s wall, {n / cpu:.1f} tok per CPU-second",
-                      file=sys.stderr, flush=True)
-            result["w3_runs"] = runs
-            result["w3_tok_s"] = statistics.median(x["tokens"] / x["wall_s"] for x in runs)
-            result["w3_tok_cpu_s"] = statistics.median(x["tokens"] / x["cpu_s"] for x in runs)
+            throughput(engine, args.engine, "w3", result,
+                       [prompts(16, 1920, vocab, 100 + r) for r in range(args.w3_runs)], 128)
         if "growth" not in skip:
             growth = []
             for i, ctx in enumerate(int(c) for c in args.contexts.split(",")):
