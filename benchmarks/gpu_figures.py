@@ -313,9 +313,11 @@ async def graphs_figure(args: Any, sz: dict, model_dir: str, dtype_name: str, ru
     from modelcall.core import Kernel
 
     mode = True if args.device.startswith("cuda") else "eager"
+    cfg = {**runner_cfg, "cuda_graphs": mode}
+    if mode is True:
+        cfg["attention"] = "triton"     # a captured step reads only device buffers: the Triton kernel's
     steps = StepLog()
-    async with Kernel(engine_config(args, sz, model_dir, dtype_name, {**runner_cfg, "cuda_graphs": mode}),
-                      plugins=[steps]) as kernel:
+    async with Kernel(engine_config(args, sz, model_dir, dtype_name, cfg), plugins=[steps]) as kernel:
         done, wall, full = await decode_run(kernel, steps, sz)
         graphs = kernel.runner.graphs
         on_step = statistics.median(s.step_s for s in full) if full else None
@@ -328,7 +330,8 @@ async def graphs_figure(args: Any, sz: dict, model_dir: str, dtype_name: str, ru
                 "on_median_step_s": on_step, "off_median_step_s": off_step,
                 "off_over_on": off_step / on_step if on_step and off_step else None,
                 "on_output_tok_per_s": sum(len(t) for t in tokens) / wall, "on_wall_s": wall,
-                "full_decode_steps": len(full),
+                "full_decode_steps": len(full), "attention": kernel.runner.attention_backend or "torch",
+                "same_attention_as_off": (kernel.runner.attention_backend or "torch") == off.get("attention"),
                 "identical_greedy_outputs": (sum(a == b for a, b in zip(tokens, off_tokens)) if off_tokens else None),
                 "requests": len(tokens)}
 

@@ -47,6 +47,7 @@ def test_dry_run_writes_every_figure(tmp_path):
     assert graphs["static_steps"] >= graphs["full_decode_steps"] > 0   # the decode steps ran through static batches
     assert graphs["identical_greedy_outputs"] == graphs["requests"] == decode["concurrency"]
     assert graphs["on_median_step_s"] > 0 and graphs["off_median_step_s"] == decode["median_step_s"]
+    assert graphs["same_attention_as_off"] is True
     assert fig["parity_fp32"]["pass"] is True and fig["parity_fp32"]["identical"] == fig["parity_fp32"]["prompts"]
     assert fig["parity_bf16"]["pass"] is True
     assert fig["transformers_decode"] == {"status": "skipped"}
