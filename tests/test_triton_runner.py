@@ -2,6 +2,7 @@
 Triton's CPU interpreter: the logits of random ragged mixed steps (prefill chunks over a cached prefix, whole
 prompts, decodes, shuffled) match transformers' own forward within 1e-4 of their scale, for Gemma 2 (GQA,
 soft-capping, query_pre_attn_scalar, a window that slides) and gpt-oss (sinks, full and sliding KV groups).
+Whole fresh prompts with those variants run through the kernel as well (cuda_attention.fresh_group).
 Plain causal GQA/MQA/MHA is covered kernel-level in tests/test_triton_attention.py."""
 from __future__ import annotations
 
@@ -29,6 +30,12 @@ def test_runner_logits_through_the_triton_kernel_match_transformers(name, tmp_pa
     calls = []
     real = cuda_attention.paged_attention
     monkeypatch.setattr(cuda_attention, "paged_attention", lambda *a, **k: calls.append(a[7]) or real(*a, **k))
+    fresh = []
+    real_fresh = cuda_attention.fresh_group
+    monkeypatch.setattr(cuda_attention, "fresh_group", lambda *a: fresh.append(a[5].q_len) or real_fresh(*a))
     monkeypatch.setattr(test_runner, "Blocks", _group_blocks(len(runner.groups)))
     assert drive_ragged_steps(runner, hf, seed=3) < 1e-4, name
     assert 1 in calls and max(calls) > 1, "both the decode and the varlen prefill shapes ran"
+    # whole prompts longer than the 8-token window (both families), soft-capped (Gemma 2) or with sinks (gpt-oss)
+    # go through the kernel too, not a dense mask
+    assert fresh and max(fresh) > 8, fresh

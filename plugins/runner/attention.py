@@ -87,6 +87,10 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
         v = value[0, :, g.start:end].unflatten(1, (g.num_seqs, g.q_len)).transpose(0, 1)
         if var.plain and (var.window is None or var.window >= g.q_len):
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=var.scale, enable_gqa=gqa)
+        elif step.scratch.get("attention_backend") == "triton":   # the variant in the kernel: no [q, q] mask
+            from modelcall.plugins.runner import cuda_attention
+            cuda_attention.fresh_group(q_rows, kc, vc, step, var, g, slot_mapping, group, out)
+            continue
         else:
             i = torch.arange(g.q_len, device=q.device)
             mask = i[None, :] <= i[:, None]

@@ -222,3 +222,24 @@ def paged_step(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, step: A
     tables, ctx, q_start, q_len, max_q = meta
     return paged_attention(q_rows, kc, vc, tables, ctx, q_start, q_len, max_q, block_size, var.scale,
                            var.window or 0, var.softcap or 0.0, var.sinks)
+
+
+def fresh_group(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, step: Any, var: Any, g: Any,
+                slot_mapping: torch.Tensor, group: int, out: torch.Tensor) -> None:
+    """A fresh group (`g.num_seqs` whole prompts of `g.q_len` tokens at rows g.start..) through the kernel, into
+    `out`'s rows: for the variants SDPA does not compute (soft-capping, sinks, a window shorter than the prompt),
+    instead of a dense [q_len, q_len] mask. Their K/V were just written at `slot_mapping`; a prompt starts at
+    position 0, so its block table is the slot of every block_size-th position divided by block_size."""
+    bs = step.scratch["block_size"]
+    key = ("triton_fresh", g.start, group)
+    meta = step.scratch.get(key)
+    if meta is None:
+        n, q = g.num_seqs, g.q_len
+        rows = slot_mapping[g.start:g.start + n * q].view(n, q)
+        tables = torch.div(rows[:, ::bs], bs, rounding_mode="floor")
+        lens = torch.full((n,), q, dtype=torch.int32, device=rows.device)
+        starts = g.start + q * torch.arange(n, dtype=torch.int32, device=rows.device)
+        meta = step.scratch[key] = (tables, lens, starts)
+    tables, lens, starts = meta
+    paged_attention(q_rows, kc, vc, tables, lens, starts, lens, g.q_len, bs, var.scale, var.window or 0,
+                    var.softcap or 0.0, var.sinks, out=out)
