@@ -110,6 +110,8 @@ async def bench(args: argparse.Namespace) -> float:
         config["threads"] = args.threads
     if args.dtype:
         config["dtype"] = args.dtype
+    if getattr(args, "async_scheduling", None) is not None:
+        config["async_scheduling"] = args.async_scheduling
     if args.cpu_bind != "off":
         config["plugin_config"] = {"runner": {"cpu_bind": args.cpu_bind}}
     async with Kernel(plugins=[meter], **config) as kernel:
@@ -147,6 +149,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu-bind", default="auto",
                    help='pin compute threads: "auto" (first N CPUs, as vLLM\'s CPU backend does), "off", or "0,1"')
     p.add_argument("--cold", action="store_true", help="reset the prefix cache before each run (every prompt computed)")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="post-process step N while step N+1's forward runs (default: the kernel's)")
 
 
 def run(args: argparse.Namespace) -> int:
