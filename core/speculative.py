@@ -11,6 +11,11 @@ Speculation is off unless `KernelConfig.speculative_config` is set (vLLM's JSON:
 A proposer is a plugin (`provide_proposer`); the `Speculator` here holds one and decides, per
 request, whether to ask it (eligibility, adaptive back-off) and how many tokens to allow.
 
+Text that never repeats must cost (almost) nothing: a step in which no request drafted is the plain
+step (the runner and engine branch on `SchedulePlan.num_draft_tokens` / `StepOutput.spec_tokens`),
+and a request whose proposer keeps finding nothing is asked after 1, 2, 4 ... 16 steps, not every
+step (`max_idle_steps`), its index catching up then (`plugins/speculative/index.py`).
+
 Requests never speculated: logits processors (grammar-constrained decoding, which would need the
 mask at every drafted row), penalties, min_tokens not reached yet, or logprobs asked (the
 verification path computes none). Their tokens are sampled exactly as without speculation.
