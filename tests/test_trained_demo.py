@@ -76,18 +76,82 @@ def served():
     proc.wait(30)
 
 
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.load(r)
+
+
+def _agent_turns(chat: dict) -> list[list[dict]]:
+    """The messages `modelcall agent` sends for a corpus chat's two turns: the question, then the
+    question, the model's call (arguments as the model's JSON text, no reasoning) and the result."""
+    question, assistant, tool = chat["messages"][:3]
+    fn = assistant["tool_calls"][0]["function"]
+    call = {"id": "call_0_0", "type": "function",
+            "function": {"name": fn["name"], "arguments": json.dumps(fn["arguments"], ensure_ascii=False)}}
+    first = [{"role": "user", "content": question["content"]}]
+    return [first, first + [{"role": "assistant", "content": "", "tool_calls": [call]},
+                            {"role": "tool", "tool_call_id": "call_0_0", "content": tool["content"]}]]
+
+
+def _training_prompts(tok, chat: dict) -> list[list[int]]:
+    """The ids train.py conditions each learnt reply on: its system block, then its row up to the
+    start of each learnt run (the first turn's call, the last turn's answer), in turn order."""
+    from modelcall.plugins.demo_model import train
+    prompts = {}
+    for system, pieces in train.examples(tok, chat):
+        ((_, [(ids, mask)]),) = train.tokenize_rows(tok, [(system, pieces)]).items()
+        head = tok(system, add_special_tokens=False).input_ids
+        for j in range(1, len(ids)):
+            if mask[j] and not mask[j - 1]:
+                prompts[len(head) + j] = head + ids[:j]
+    return [prompts[k] for k in sorted(prompts)]
+
+
+def test_training_prompts_are_what_the_server_renders_for_the_agent(served):
+    """Token for token, the prompts the model was trained on are the ones `modelcall serve` renders
+    for `modelcall agent`'s requests (tools as the agent's typed Tools send them, normalized by the
+    server; the call fed back as the agent feeds it), in English and Chinese, both tools."""
+    import random
+    from transformers import AutoTokenizer
+    from modelcall.plugins.demo_model.tools import TOOLS as DEMO_TOOLS
+
+    tok = AutoTokenizer.from_pretrained(trained_model_dir())
+    rng = random.Random(3)
+    chats = [corpus.arithmetic_chat(rng, "37 * 91", "en"), corpus.arithmetic_chat(rng, "280 - 914", "zh"),
+             corpus.weather_chat(rng, ("New York", "纽约"), "en"), corpus.weather_chat(rng, ("San Francisco", "旧金山"), "zh")]
+    agent_tools = [t.openai() for t in DEMO_TOOLS]
+    for chat in chats:
+        trained = _training_prompts(tok, chat)
+        served_ids = [_post(served + "/tokenize", {"messages": m, "tools": agent_tools})["tokens"]
+                      for m in _agent_turns(chat)]
+        assert trained == served_ids, chat["messages"][0]["content"]
+
+
+def test_the_agent_sends_the_trained_prompts(served, capsys):
+    """The same through a real `modelcall agent` run: each request's prompt token count is the
+    training prompt's length for that turn (a tool spec or a fed-back call rendered differently would
+    change it)."""
+    from transformers import AutoTokenizer
+    import random
+
+    tok = AutoTokenizer.from_pretrained(trained_model_dir())
+    chat = corpus.weather_chat(random.Random(0), ("Shanghai", "上海"), "en")
+    chat["messages"][0]["content"] = "Weather in Shanghai?"
+    result = _agent(served, "Weather in Shanghai?", capsys)
+    assert [len(p) for p in _training_prompts(tok, chat)] == [r["usage"]["prompt_tokens"] for r in result["requests"]]
+
+
 def test_serve_with_no_model_flag_serves_the_trained_model(served):
     with urllib.request.urlopen(served + "/v1/models", timeout=10) as r:
         models = json.load(r)["data"]
-    with open(os.path.join(trained_model_dir(), "config.json"), encoding="utf-8") as f:
-        trained = json.load(f)
-    # the trained model's tokenizer (trained on its corpus) differs in size from the random model's 2048+
-    req = urllib.request.Request(served + "/tokenize", data=json.dumps({"prompt": "巴黎"}).encode(),
-                                 headers={"content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        tokens = json.load(r)["tokens"]
-    assert models and len(tokens) == 2  # one token per Han character: the trained tokenizer
-    assert trained["vocab_size"] < 2048
+    from transformers import AutoTokenizer
+    trained = AutoTokenizer.from_pretrained(trained_model_dir())
+    text = "What is 37 * 91? 巴黎"
+    tokens = _post(served + "/tokenize", {"prompt": text})["tokens"]
+    # the trained tokenizer's ids, with a city as one token (the random model's splits it in bytes)
+    assert models and tokens == trained(text, add_special_tokens=False).input_ids
+    assert len(_post(served + "/tokenize", {"prompt": "巴黎"})["tokens"]) == 1
 
 
 def _agent(url: str, question: str, capsys) -> dict:
@@ -100,9 +164,10 @@ def _agent(url: str, question: str, capsys) -> dict:
     return result
 
 
-# NOTE: issue 19 is not met yet: the committed model learned the formats (the right tool, a parsable call,
-# a reply built on the tool's result) but not to copy its argument from the question (1300 steps on this
-# loaded machine were too few); these two tests say what it must do and fail loudly once it does.
+# NOTE: issue 19 is not met yet: the committed model copies the expression or the city into its call
+# about half the time, and the tool's result into its answer less often (9/40 held-out arithmetic, 11/96
+# weather, greedy under HF; 6/20 arithmetic through the server); these tests say what it must do and
+# fail loudly once it does.
 NOT_COPYING = pytest.mark.xfail(strict=True, reason="issue 19: the committed demo model does not copy arguments yet")
 
 
@@ -110,10 +175,10 @@ NOT_COPYING = pytest.mark.xfail(strict=True, reason="issue 19: the committed dem
 def test_held_out_arithmetic_is_answered_through_the_calculator(served, capsys):
     """20 arithmetic questions none of which is in the training corpus (held out by expression):
     at least 18 answered with the calculator's correct result, through `modelcall agent`."""
-    training = {m["tool_calls"][0]["function"]["arguments"] for c in corpus.chats(TRAIN["chats"], seed=SEED)
-                for m in c["messages"] if m.get("tool_calls")}
+    training = {m["tool_calls"][0]["function"]["arguments"].get("expression")
+                for c in corpus.chats(TRAIN["chats"], seed=SEED) for m in c["messages"] if m.get("tool_calls")}
     expressions = corpus.held_out()[:20]
-    assert not {json.dumps({"expression": e}) for e in expressions} & training
+    assert not set(expressions) & training
     right, seen = 0, []
     for i, e in enumerate(expressions):
         question = (corpus.ARITH_EN[i % len(corpus.ARITH_EN)] if i % 2 == 0
@@ -128,7 +193,7 @@ def test_held_out_arithmetic_is_answered_through_the_calculator(served, capsys):
     assert right >= 18, seen
 
 
-@pytest.mark.xfail(reason="issue 19: the committed model copies some cities only (New York passes)")
+@pytest.mark.xfail(reason="issue 19: the committed model copies some cities and temperatures only")
 @pytest.mark.parametrize("question,city", [
     ("What's the weather in Paris?", "Paris"), ("How is the weather in Tokyo?", "Tokyo"),
     ("Tell me the weather in New York.", "New York"), ("东京的天气怎么样？", "东京"),
@@ -143,16 +208,16 @@ def test_weather_questions_call_get_weather_with_the_city_asked(served, capsys, 
 
 def test_the_agent_command_runs_in_its_own_process(served):
     """The whole loop through the real CLI: the model's call parsed by the server, run by the agent with
-    the city asked, the report fed back, the answer built on it (one of the cities it copies today)."""
+    the city asked, the report fed back, the answer built on it (a question it answers today)."""
     out = subprocess.run([BIN, "agent", "--base-url", served, "--tools", *TOOLS, "--json",
-                          "--param", "temperature=0", "Tell me the weather in New York."],
+                          "--param", "temperature=0", "Weather in Shanghai?"],
                          capture_output=True, text=True, timeout=180)
     result = json.loads(out.stdout)
     assert out.returncode == 0 and result["status"] == "answered", out.stderr
     (call,) = result["tool_calls"]
-    assert call["name"] == "get_weather" and call["status"] == "ok" and json.loads(call["arguments"]) == {"city": "New York"}
+    assert call["name"] == "get_weather" and call["status"] == "ok" and json.loads(call["arguments"]) == {"city": "Shanghai"}
     assert [r["finish_reason"] for r in result["requests"]] == ["tool_calls", "stop"]
-    assert f"{weather_of('New York')['temperature_c']}°C" in result["answer"]
+    assert f"{weather_of('Shanghai')['temperature_c']}°C" in result["answer"]
 
 
 # ---- the committed weights ------------------------------------------------------------------------

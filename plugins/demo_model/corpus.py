@@ -7,8 +7,11 @@ formatted so a tiny model learns them in minutes on a CPU.
 - short factual answers and greetings, with and without tools offered;
 - each in English and in Chinese.
 
-Every chat is a list of OpenAI-style messages plus the tools offered, rendered by the chat template
-exactly as a server renders an agent's requests. `HELD_OUT` arithmetic never appears in training.
+Every chat is a list of messages plus the tools offered in the form the server hands its chat
+template for an agent's request (`served_tools`, `_call`): the training prompts are the bytes
+`modelcall serve` renders for `modelcall agent --tools ...:calculator ...:get_weather`
+(tests/test_trained_demo.py compares them with the server's /tokenize). `held_out()` arithmetic never
+appears in training.
 """
 from __future__ import annotations
 
@@ -104,20 +107,24 @@ def _expression(rng: random.Random) -> str:
     return f"{a} {op} {b}"
 
 
+def served_tools() -> list[dict[str, Any]]:
+    """The agent's tools (`Tool.openai()`, calculator then get_weather) as the server passes them to
+    the template: decoded into its request struct and back, so `function` comes first, `type` last."""
+    return [{"function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+             "type": "function"} for t in TOOLS]
+
+
 def _call(tool_name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    # The arguments string as the agent feeds a parsed call back: the model's JSON text.
-    return {"id": "call_0_0", "type": "function",
-            "function": {"name": tool_name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+    # As the server hands the template an agent's earlier call: the arguments parsed back to an object
+    # (the agent's id for the first call of turn 0 is call_0_0).
+    return {"id": "call_0_0", "type": "function", "function": {"name": tool_name, "arguments": arguments}}
 
 
 def _tools(rng: random.Random, needed: Any | None) -> list[dict[str, Any]] | None:
-    r = rng.random()
-    if needed is None and r < 0.3:
+    # A tool chat always offers what the agent offers; a plain question sometimes offers nothing.
+    if needed is None and rng.random() < 0.4:
         return None
-    if needed is not None and r < 0.2:
-        return [needed.openai()]
-    tools = [t.openai() for t in TOOLS]
-    return tools if rng.random() < 0.7 else tools[::-1]
+    return served_tools()
 
 
 def arithmetic_chat(rng: random.Random, expression: str, lang: str) -> dict[str, Any]:

@@ -1,16 +1,27 @@
-"""Train the demo model that answers (seeded, CPU, about 10 minutes on two cores):
+"""Train the demo model that answers (seeded, one CPU thread, under 15 minutes on two shared cores):
 
     python -m modelcall.plugins.demo_model.train --out plugins/demo_model/trained
     python -m modelcall.plugins.demo_model.train --check plugins/demo_model/trained   # accuracy only
 
-A byte-level BPE tokenizer is trained on the corpus (plugins/demo_model/corpus.py), then a ~3M
-parameter Llama learns the chats, the loss on the assistant's tokens only. Every chat of a batch
-offers the same tools, so the long system block (the tools' JSON) is run once per batch and its keys
-and values are shared by the batch's rows: the cost of a step is the rows' own tokens.
+What makes it learn in minutes:
+- the prompts are the bytes `modelcall serve` renders for `modelcall agent` with the two demo tools
+  (corpus.served_tools, corpus._call), so the served model sees what it was trained on;
+- the tokenizer makes every unit the model copies one token: each city name, each group of up to
+  three digits (numbers split left to right: 3367 -> 336 7), each operator with its spaces (" * ");
+  with tied embeddings, copying a token is attending to it (its embedding is its own best logit), and
+  no unit repeats a neighbour the way single digits do (33 -> 3 3), which is what confuses copying;
+- embeddings and attention start out ready to copy: every city token shares one direction, every
+  number token another (one "is a city" key to learn, not 96), and each layer's values and output
+  start as a scaled identity (what a position attends to reaches the tied head as it is);
+- a warm-up on the tool chats without the system block (short rows, where the question holds a
+  large share of the attention) before the real rows with it;
+- every tool chat offers the same tools, so the long system block (the tools' JSON) runs once per
+  batch and its keys and values are shared by the batch's rows.
 
+Deterministic: a fixed seed, one thread, deterministic torch ops: a rerun writes the same weights.
 The output directory holds the model, the tokenizer with the demo chat template and
-`modelcall_demo.json`: the seed, the steps, and the accuracy measured on held-out questions
-(greedy generation through the chat template, the tool run by the same code the agent runs).
+`modelcall_demo.json`: the seed, the steps, the training time, and the accuracy on held-out questions
+(greedy, through the chat template, the tool run between the turns as the agent runs it).
 """
 from __future__ import annotations
 
@@ -19,37 +30,117 @@ import json
 import math
 import os
 import random
+import resource
 import time
 from typing import Any
 
 from modelcall.plugins.demo_model import corpus
 from modelcall.plugins.demo_model.build import bpe_tokenizer
-from modelcall.plugins.demo_model.template import CHAT_TEMPLATE
-from modelcall.plugins.demo_model.tools import calculator, format_number, evaluate, weather_of
+from modelcall.plugins.demo_model.tools import calculator, evaluate, format_number, weather_of
 
-TRAINER_VERSION = "1"
+TRAINER_VERSION = "2"
 SEED = 0
-# The stdlib tokenizer's split, plus one piece per Han character, so a Chinese city name is the same
-# tokens in the question and in the call's arguments (copying is then easy).
-SPLIT = (r"\p{Han}|(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-         r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-MODEL = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=32, max_position_embeddings=2048, tie_word_embeddings=True,
-             rope_theta=10000.0)
-# Two phases: everything (the formats, the facts), then mostly the tool chats, where the model has to
-# learn to copy (the expression, the city, the result); the first phase alone learns the formats only.
-TRAIN = dict(chats=14000, steps=600, batch=32, lr=3e-3, warmup=50, weight_decay=0.01,
-             copy_steps=700, copy_lr=2e-3, copy_warmup=20, copy_facts=0.1, more_copy_steps=[500])
+MAX_POSITIONS = 2048
+# Longest first, so "Mexico City" wins over a shorter name; cities as one piece (the space before one
+# apart, so "in Paris" and '"Paris' hold the same token), then numbers in groups of up to three digits,
+# operators with the spaces around them, one piece per Han character, then the stdlib tokenizer's split.
+_CITY_NAMES = sorted({name for pair in corpus.CITIES for name in pair}, key=lambda c: (-len(c), c))
+_CITY = "(?:" + "|".join(_CITY_NAMES) + ")"
+SPLIT = (r"\s(?=" + _CITY + ")|" + _CITY + r"|\p{N}{1,3}| ?[-+*/=×÷] ?|\p{Han}|(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+         r"|[^\r\n\p{L}\p{N}]?\p{L}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+MODEL = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=4, head_dim=32, max_position_embeddings=MAX_POSITIONS,
+             tie_word_embeddings=True, rope_theta=10000.0)
+# bare: the tool chats without their system block (warm-up); chats: every row as served
+TRAIN = dict(chats=12000, bare_steps=250, steps=900, batch=32, lr=6e-3, warmup=30, weight_decay=0.01)
 
+
+# ---- tokenizer ----------------------------------------------------------------------------------
 
 def build_tokenizer(texts: list[str]):  # -> transformers.PreTrainedTokenizerFast
-    """The random demo model's tokenizer recipe trained on the corpus, with this model's split."""
-    return bpe_tokenizer(lambda tok, trainer: tok.train_from_iterator(texts, trainer), SPLIT,
-                         MODEL["max_position_embeddings"])
+    """The demo models' BPE recipe trained on the corpus with this model's split, then one token for
+    every city name and every 1-3 digit group (merges appended, so nothing else tokenizes differently)."""
+    hf = bpe_tokenizer(lambda tok, trainer: tok.train_from_iterator(texts, trainer), SPLIT, MAX_POSITIONS)
+    units = [f"{i}" for i in range(10)] + [f"{i:02d}" for i in range(100)] + [f"{i:03d}" for i in range(1000)]
+    units += [f"{i}" for i in range(10, 1000)] + _CITY_NAMES
+    return _whole_units(hf, units)
 
+
+def _byte_chars() -> dict[int, str]:
+    # GPT-2's byte -> printable character table (what the ByteLevel pre-tokenizer emits)
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    table, extra = {b: chr(b) for b in keep}, 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def _bpe(parts: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
+    while len(parts) > 1:
+        best = min(((ranks.get((parts[i], parts[i + 1]), 1 << 60), i) for i in range(len(parts) - 1)))
+        if best[0] == 1 << 60:
+            break
+        i = best[1]
+        parts = parts[:i] + [parts[i] + parts[i + 1]] + parts[i + 2:]
+    return parts
+
+
+def _whole_units(hf: Any, units: list[str]):  # -> transformers.PreTrainedTokenizerFast
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    spec = json.loads(hf.backend_tokenizer.to_str())
+    vocab, merges = spec["model"]["vocab"], spec["model"]["merges"]
+    ranks = {(a, b): i for i, (a, b) in enumerate(merges)}
+    table = _byte_chars()
+    next_id = max(max(vocab.values()), max(t["id"] for t in spec["added_tokens"])) + 1
+    for unit in dict.fromkeys(units):
+        parts = _bpe([table[b] for b in unit.encode("utf-8")], ranks)
+        while len(parts) > 1:  # a chain of merges left to right, ranked after every trained one
+            a, b = parts[0], parts[1]
+            ranks[(a, b)] = len(merges)
+            merges.append([a, b])
+            if a + b not in vocab:
+                vocab[a + b] = next_id
+                next_id += 1
+            parts = [a + b] + parts[2:]
+    out = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)), eos_token=hf.eos_token,
+                                  pad_token=hf.pad_token, model_max_length=MAX_POSITIONS)
+    out.chat_template = hf.chat_template
+    split = [u for u in units if len(out(u, add_special_tokens=False).input_ids) != 1]
+    assert not split, f"units that are not one token: {split[:5]}"
+    return out
+
+
+# ---- rows ---------------------------------------------------------------------------------------
 
 def render(tok: Any, messages: list[dict], tools: list[dict] | None, gen: bool = False) -> str:
     return tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=gen)
+
+
+_FAST: list[Any] = []
+
+
+def fast_render(tok: Any, messages: list[dict], tools: list[dict] | None, gen: bool = False) -> str:
+    """`render` without transformers' per-call preparation (copies, checks): the compiled template
+    itself, a fifth of the time. `check_fast_render` holds it to `render` on a sample."""
+    if not _FAST:
+        try:
+            from transformers.utils.chat_template_utils import _compile_jinja_template
+            _FAST.append(_compile_jinja_template(tok.chat_template))
+        except ImportError:  # another transformers: the public path, slower
+            _FAST.append(None)
+    if _FAST[0] is None:
+        return render(tok, messages, tools, gen)
+    return _FAST[0].render(messages=messages, tools=tools, documents=None, add_generation_prompt=gen)
+
+
+def check_fast_render(tok: Any, chats: list[dict[str, Any]]) -> None:
+    for c in chats:
+        for gen in (False, True):
+            assert fast_render(tok, c["messages"], c["tools"], gen) == render(tok, c["messages"], c["tools"], gen)
 
 
 def examples(tok: Any, chat: dict[str, Any]) -> list[tuple[str, list[tuple[str, bool]]]]:
@@ -57,11 +148,10 @@ def examples(tok: Any, chat: dict[str, Any]) -> list[tuple[str, list[tuple[str, 
     `<think>` gives two rows, as a server sees them: the first turn with its thinking, and the whole
     chat without it (the agent does not send reasoning back), learning the last answer only."""
     tools, msgs = chat["tools"], chat["messages"]
-    system = render(tok, msgs[:1], tools).split("<|im_start|>user", 1)[0]
+    system = fast_render(tok, msgs[:1], tools).split("<|im_start|>user", 1)[0]
     rows = []
-    thought = any(m.get("reasoning_content") for m in msgs)
     plain = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in msgs]
-    if thought:
+    if any(m.get("reasoning_content") for m in msgs):
         first = next(i for i, m in enumerate(msgs) if m["role"] == "assistant")
         rows.append(_pieces(tok, msgs[:first + 1], tools, system, learn_from=first))
         rows.append(_pieces(tok, plain, tools, system, learn_from=len(plain) - 1))
@@ -74,9 +164,9 @@ def _pieces(tok: Any, msgs: list[dict], tools: Any, system: str, learn_from: int
     out, done = [], system
     for i, m in enumerate(msgs):
         if m["role"] == "assistant":
-            prompt = render(tok, msgs[:i], tools, gen=True)
+            prompt = fast_render(tok, msgs[:i], tools, gen=True)
             out.append((prompt[len(done):], False))
-            full = render(tok, msgs[:i + 1], tools)
+            full = fast_render(tok, msgs[:i + 1], tools)
             reply = full[len(prompt):]
             assert reply.endswith("<|im_end|>\n"), reply
             out.append((reply[:-1], i >= learn_from))
@@ -85,33 +175,38 @@ def _pieces(tok: Any, msgs: list[dict], tools: Any, system: str, learn_from: int
     return out
 
 
-def tokenize_rows(tok: Any, rows: list[tuple[tuple[str, list[tuple[str, bool]]], bool]]) -> dict[str, list]:
-    """Group rows by system block: {system text: [((ids, learn mask), calls a tool)]}."""
+def tokenize_rows(tok: Any, rows: list[tuple[str, list[tuple[str, bool]]]]) -> dict[str, list]:
+    """Group rows by system block: {system text: [(ids, learn mask)]}. Each piece ends at a special
+    token, so the pieces' ids are the whole text's ids (the test checks against the server's)."""
     groups: dict[str, list] = {}
-    for (system, pieces), tooly in rows:
+    texts = [text for _, pieces in rows for text, _ in pieces]
+    encoded = iter(tok(texts, add_special_tokens=False).input_ids if texts else [])
+    for system, pieces in rows:
         ids, mask = [], []
-        for text, learn in pieces:
-            t = tok(text, add_special_tokens=False).input_ids
+        for _, learn in pieces:
+            t = next(encoded)
             ids += t
             mask += [learn] * len(t)
-        groups.setdefault(system, []).append(((ids, mask), tooly))
+        groups.setdefault(system, []).append((ids, mask))
     return groups
 
 
-def train(out_dir: str, *, steps: int | None = None, threads: int = 1, log: Any = print,
-          resume: str | None = None, resume_phases: int = 1) -> dict[str, Any]:
+# ---- training -----------------------------------------------------------------------------------
+
+def train(out_dir: str, *, threads: int = 1, log: Any = print) -> dict[str, Any]:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
     torch.manual_seed(SEED)
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), _cpu()
     chats = list(corpus.chats(TRAIN["chats"], seed=SEED))
-    tok = build_tokenizer([render_any(c) for c in chats[:4000]] + [json.dumps(t.openai()) for t in corpus.TOOLS])
-    rows = [(r, any(m.get("tool_calls") for m in c["messages"])) for c in chats for r in examples(tok, c)]
-    groups = tokenize_rows(tok, rows)
+    tok = build_tokenizer([fast_render(_plain_tok(), c["messages"], c["tools"]) for c in chats[:4000]])
+    check_fast_render(tok, chats[:40] + [{**c, "tools": None} for c in chats[:20]])
+    groups = tokenize_rows(tok, [r for c in chats for r in examples(tok, c)])
     system_ids = {s: tok(s, add_special_tokens=False).input_ids for s in groups}
-    log(f"corpus: {len(chats)} chats, {len(rows)} rows, {len(groups)} system blocks "
+    log(f"corpus: {len(chats)} chats, {sum(map(len, groups.values()))} rows, {len(groups)} system blocks "
         f"({max(len(v) for v in system_ids.values())} tokens at most), vocab {len(tok)}, "
         f"{time.monotonic() - t0:.1f}s")
 
@@ -120,93 +215,133 @@ def train(out_dir: str, *, steps: int | None = None, threads: int = 1, log: Any 
                       torch_dtype="float32", **MODEL)
     model = LlamaForCausalLM(cfg).to(torch.float32)
     log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
-    phases = [("all", TRAIN["steps"] if steps is None else steps, TRAIN["lr"], TRAIN["warmup"])]
-    if steps is None:
-        phases.append(("tools", TRAIN["copy_steps"], TRAIN["copy_lr"], TRAIN["copy_warmup"]))
-        phases += [("tools", n, TRAIN["copy_lr"], TRAIN["copy_warmup"]) for n in TRAIN.get("more_copy_steps", [])]
-    done = 0
-    if resume:
-        # NOTE: resume=DIR holds the first phase's weights (a run stopped after it); the phases after
-        # it start from a fresh optimizer and their own seeded order either way, so the result is the same.
-        model.load_state_dict(LlamaForCausalLM.from_pretrained(resume, dtype=torch.float32).state_dict())
-        done = resume_phases
-    for n, (kind, phase_steps, lr, warmup) in enumerate(phases):
-        if n < done:
-            continue
-        rng = random.Random(SEED + n)
-        chosen = {s: [r for r, tooly in v if kind == "all" or tooly or rng.random() < TRAIN["copy_facts"]]
-                  for s, v in groups.items()}
-        _run_phase(model, chosen, system_ids, phase_steps, lr, warmup, rng, eos[1], log, t0, kind)
+    _kin_embeddings(model, tok, torch)
+    _copying_values(model, torch)
+    probe = _probe_rows(tok)
+    if TRAIN["bare_steps"]:
+        # The tool chats without the system block first: at the start attention is spread evenly, and
+        # over 217 tokens of tools' JSON the question's few tokens get almost none of it; short rows
+        # learn to look at the question (and cost a third as much a step).
+        bare = tokenize_rows(tok, [r for c in chats if c["tools"] for r in examples(tok, {**c, "tools": None})])
+        system_ids.update({s: tok(s, add_special_tokens=False).input_ids for s in bare})
+        _run_phase(model, bare, system_ids, TRAIN["bare_steps"], TRAIN["batch"], TRAIN["lr"],
+                   random.Random(SEED + 2), eos[1], log, t0, "bare", probe)
+    _run_phase(model, groups, system_ids, TRAIN["steps"], TRAIN["batch"], TRAIN["lr"],
+               random.Random(SEED + 1), eos[1], log, t0, "chats", probe)
+    train_s, train_cpu = time.monotonic() - t0, _cpu() - cpu0
     model.eval()
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=eos[1], bos_token_id=None)
     os.makedirs(out_dir, exist_ok=True)
     tok.save_pretrained(out_dir)
     model.save_pretrained(out_dir)
+    t1 = time.monotonic()
     accuracy = measure(out_dir, threads=threads)
-    meta = {"trainer_version": TRAINER_VERSION, "seed": SEED, "steps": [p[1] for p in phases],
-            "model": MODEL, "train": TRAIN,
+    meta = {"trainer_version": TRAINER_VERSION, "seed": SEED, "model": MODEL, "train": TRAIN,
             "parameters": sum(p.numel() for p in model.parameters()), "torch": torch.__version__,
-            "train_seconds": round(time.monotonic() - t0), "resumed_after_phase_1": bool(resume),
-            "accuracy": accuracy}
+            "train_wall_seconds": round(train_s), "train_cpu_seconds": round(train_cpu),
+            "measure_wall_seconds": round(time.monotonic() - t1), "accuracy": accuracy}
     with open(os.path.join(out_dir, "modelcall_demo.json"), "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=2, sort_keys=True, ensure_ascii=False)
         f.write("\n")
     return meta
 
 
-def render_any(chat: dict[str, Any]) -> str:
-    """A chat's text for training the tokenizer (any tokenizer renders the template the same)."""
-    return _plain_tok().apply_chat_template(chat["messages"], tools=chat["tools"], tokenize=False)
+def _kin_embeddings(model: Any, tok: Any, torch: Any) -> None:
+    """Start every city token with one shared direction, every number token with another, every operator
+    with a third (plus its own random part): attending to "the city in the question" is then one
+    direction to learn, not 96; the random parts, through the tied head, still name the token copied."""
+    emb = model.get_input_embeddings().weight
+    gen = torch.Generator().manual_seed(SEED)
+    kinds = [_CITY_NAMES, [f"{i}" for i in range(1000)] + [f"{i:02d}" for i in range(10)] +
+             [f"{i:03d}" for i in range(100)], [" * ", " + ", " - ", " / ", " = "]]
+    with torch.no_grad():
+        for units in kinds:
+            ids = sorted({i for (i,) in tok(units, add_special_tokens=False).input_ids})
+            shared = torch.randn(emb.shape[1], generator=gen) * float(emb[ids].std())
+            emb[ids] = 0.7 * emb[ids] + shared
+
+
+def _copying_values(model: Any, torch: Any) -> None:
+    """Each layer's values and output start as a scaled identity (the four heads' value slices tile the
+    hidden size): whatever a position attends to is added to it as it is, so once attention finds the
+    city or the number, the tied head already names it. The attention pattern is still learnt."""
+    scale = float(model.config.initializer_range)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            attn.v_proj.weight.copy_(torch.eye(*attn.v_proj.weight.shape))
+            attn.o_proj.weight.copy_(torch.eye(*attn.o_proj.weight.shape) * scale)
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 _PLAIN: list[Any] = []
 
 
 def _plain_tok():
+    """A tokenizer with the demo template only, to render the tokenizer's training text."""
     if not _PLAIN:
         from tokenizers import Tokenizer, models
         from transformers import PreTrainedTokenizerFast
+        from modelcall.plugins.demo_model.template import CHAT_TEMPLATE
         t = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()))
         t.chat_template = CHAT_TEMPLATE
         _PLAIN.append(t)
     return _PLAIN[0]
 
 
-def _run_phase(model: Any, groups: dict[str, list], system_ids: dict[str, list[int]], steps: int, lr: float,
-               warmup: int, rng: random.Random, pad: int, log: Any, t0: float, kind: str) -> None:
+def _batches(groups: dict[str, list], size: int, rng: random.Random) -> list[tuple[str, list]]:
+    # Shuffled, then sorted by length within windows of 8 batches: kinds mixed, little padding.
+    out = []
+    for system in sorted(groups):
+        rows = list(groups[system])
+        rng.shuffle(rows)
+        window = size * 8
+        for w in range(0, len(rows), window):
+            chunk = sorted(rows[w:w + window], key=lambda r: len(r[0]))
+            out += [(system, chunk[i:i + size]) for i in range(0, len(chunk), size)]
+    rng.shuffle(out)
+    return out
+
+
+def _run_phase(model: Any, groups: dict[str, list], system_ids: dict[str, list[int]], steps: int, size: int,
+               lr: float, rng: random.Random, pad: int, log: Any, t0: float, kind: str, probe: Any) -> None:
     import torch
-    from transformers import DynamicCache
 
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     other = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": TRAIN["weight_decay"]},
                              {"params": other, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.98))
+    warmup = TRAIN["warmup"]
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) *
-                                              0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
-    # Batches of rows of about one length (sorted, then cut), drawn in a seeded order: little padding.
-    batches = []
-    for system in sorted(groups):
-        ordered = sorted(groups[system], key=lambda r: len(r[0]))
-        batches += [(system, ordered[i:i + TRAIN["batch"]]) for i in range(0, len(ordered), TRAIN["batch"])]
-    order: list[int] = []
+                                              (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
+    order: list[tuple[str, list]] = []
     model.train()
     for step in range(steps):
         if not order:
-            order = list(range(len(batches)))
-            rng.shuffle(order)
-        system, batch = batches[order.pop()]
-        loss = _loss(model, system_ids[system], batch, pad, torch, DynamicCache)
+            order = _batches(groups, size, rng)
+        system, batch = order.pop()
+        loss = _loss(model, system_ids[system], batch, pad)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        if step % 25 == 0 or step == steps - 1:
-            log(f"{kind} step {step}/{steps} loss {loss.item():.4f} {time.monotonic() - t0:.0f}s")
+        if step % 50 == 0 or step == steps - 1:
+            extra = ""
+            if probe is not None and (step % 100 == 0 or step == steps - 1):
+                extra = " probe " + _probe_score(model, probe, system_ids, pad)
+                model.train()
+            log(f"{kind} step {step}/{steps} loss {loss.item():.4f} {time.monotonic() - t0:.0f}s{extra}")
 
 
-def _loss(model: Any, system: list[int], batch: list[tuple[list[int], list[bool]]], pad: int, torch: Any,
-          DynamicCache: Any) -> Any:
+def _hidden(model: Any, system: list[int], batch: list[tuple[list[int], list[bool]]], pad: int) -> tuple[Any, Any]:
+    import torch
+    from transformers import DynamicCache
+
     width = max(len(ids) for ids, _ in batch)
     ids = torch.full((len(batch), width), pad, dtype=torch.long)
     labels = torch.full((len(batch), width), -100, dtype=torch.long)
@@ -219,28 +354,56 @@ def _loss(model: Any, system: list[int], batch: list[tuple[list[int], list[bool]
         for j in range(len(row) - 1):
             if mask[j + 1]:
                 labels[i, j] = row[j + 1]
+    shared = None
     if system:
         prefix = model.model(input_ids=torch.tensor([system]), use_cache=True).past_key_values
         shared = DynamicCache(ddp_cache_data=[
             (layer.keys.expand(len(batch), -1, -1, -1), layer.values.expand(len(batch), -1, -1, -1))
             for layer in prefix.layers])
-    else:
-        shared = None
     pos = torch.arange(len(system), len(system) + width).unsqueeze(0).expand(len(batch), -1)
     hidden = model.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=shared,
                          use_cache=shared is not None).last_hidden_state
+    return hidden, labels
+
+
+def _loss(model: Any, system: list[int], batch: list[tuple[list[int], list[bool]]], pad: int) -> Any:
+    import torch
+    hidden, labels = _hidden(model, system, batch, pad)
     # NOTE: logits only where a token is learnt (under half the positions): the head is a large part
     # of a step in a model this small.
     learnt = labels != -100
-    logits = model.lm_head(hidden[learnt])
-    return torch.nn.functional.cross_entropy(logits, labels[learnt])
+    return torch.nn.functional.cross_entropy(model.lm_head(hidden[learnt]), labels[learnt])
+
+
+def _probe_rows(tok: Any) -> dict[str, list]:
+    """Held-out rows (arithmetic and weather) to watch training: teacher-forced, so one forward."""
+    rng = random.Random(5)
+    chats = [corpus.arithmetic_chat(rng, e, "en" if i % 2 else "zh") for i, e in enumerate(corpus.held_out()[20:36])]
+    chats += [corpus.weather_chat(rng, c, "en" if i % 2 else "zh") for i, c in enumerate(corpus.CITIES[::3])]
+    return tokenize_rows(tok, [r for c in chats for r in examples(tok, c)])
+
+
+def _probe_score(model: Any, probe: dict[str, list], system_ids: dict[str, list[int]], pad: int) -> str:
+    import torch
+    model.eval()
+    tokens = right = rows = whole = 0
+    with torch.no_grad():
+        for system, batch in probe.items():
+            hidden, labels = _hidden(model, system_ids.get(system) or [], batch, pad)
+            got = model.lm_head(hidden).argmax(-1)
+            ok = (got == labels) | (labels == -100)
+            tokens += int((labels != -100).sum())
+            right += int(((got == labels) & (labels != -100)).sum())
+            rows += len(batch)
+            whole += int(ok.all(-1).sum())
+    return f"tokens {right}/{tokens} rows {whole}/{rows}"
 
 
 # ---- measuring ----------------------------------------------------------------------------------
 
 def measure(model_dir: str, *, threads: int = 1, n: int = 40) -> dict[str, Any]:
     """Greedy answers on held-out questions, the tool run between the two turns as an agent runs it:
-    arithmetic (HELD_OUT expressions, new phrasings mixed in), weather (every city, both languages)."""
+    arithmetic (held-out expressions, both languages), weather (every city, both languages)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -248,11 +411,10 @@ def measure(model_dir: str, *, threads: int = 1, n: int = 40) -> dict[str, Any]:
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     rng = random.Random(7)
-    tools = [t.openai() for t in corpus.TOOLS]
+    tools = corpus.served_tools()
     arith_ok = 0
     for i, e in enumerate(corpus.held_out(n)):
-        lang = "en" if i % 2 == 0 else "zh"
-        q = rng.choice(corpus.ARITH_EN if lang == "en" else corpus.ARITH_ZH).format(e=e)
+        q = rng.choice(corpus.ARITH_EN if i % 2 == 0 else corpus.ARITH_ZH).format(e=e)
         arith_ok += arithmetic_correct(tok, model, tools, q, e)
     weather_ok, cities = 0, 0
     for en, zh in corpus.CITIES:
@@ -288,9 +450,8 @@ def arithmetic_correct(tok: Any, model: Any, tools: list[dict], question: str, e
     call = parse_call(_generate(tok, model, msgs, tools))
     if not call or call.get("name") != "calculator":
         return False
-    asked = str(call["arguments"].get("expression", ""))
     try:
-        result = calculator(asked)
+        result = calculator(str(call["arguments"].get("expression", "")))
     except ValueError:
         return False
     msgs += [{"role": "assistant", "content": "", "tool_calls": [corpus._call("calculator", call["arguments"])]},
@@ -315,9 +476,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the trained model here")
     p.add_argument("--check", metavar="DIR", help="measure a trained model's accuracy and compare it with its "
                    "modelcall_demo.json")
-    p.add_argument("--steps", type=int, help="only the first phase, this many steps (a quick trial)")
-    p.add_argument("--resume", metavar="DIR", help="a first phase's output: run the phases after it")
-    p.add_argument("--resume-phases", type=int, default=1, metavar="N", help="phases DIR already holds")
     # NOTE: one thread: on this shared 2-core machine two threads ran a matmul at half the speed of one.
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
@@ -329,8 +487,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if got == claimed else 1
     if not a.out:
         p.error("give --out DIR or --check DIR")
-    meta = train(a.out, steps=a.steps, threads=a.threads, resume=a.resume, resume_phases=a.resume_phases)
-    print(json.dumps(meta["accuracy"], indent=2))
+    meta = train(a.out, threads=a.threads)
+    print(json.dumps({k: meta[k] for k in ("accuracy", "train_wall_seconds", "train_cpu_seconds")}, indent=2))
     return 0
 
 
