@@ -66,6 +66,7 @@ def run_side(scratch: Path, files: list[str], json_out: Path, pytest_args: list[
     cpu0, t0 = children_cpu(), time.perf_counter()
     done = subprocess.run(cmd, cwd=scratch, env=env, capture_output=True, text=True)
     wall, cpu = time.perf_counter() - t0, children_cpu() - cpu0
+    json_out.with_suffix(".out").write_text(done.stdout + done.stderr)   # the failures' details
     lines = [ln for ln in done.stdout.strip().splitlines() if ln.strip()]
     return {"wall_s": wall, "cpu_s": cpu, "load_before": load, "load_after": os.getloadavg()[0],
             "rc": done.returncode, "summary": lines[-1] if lines else done.stderr[-300:],
