@@ -10,6 +10,9 @@
 NOTE: a processor always checks that the mask it gets was computed after exactly the tokens the
 sampler shows it; if not (a token the observer missed), it catches up inline. Correctness never
 depends on the prefetch, only speed.
+
+On CPU the sampler gets the unpacked mask the worker made. On a GPU it gets the packed words (vocab/8
+bytes) through a pinned buffer, copied without blocking and unpacked on the device (issue 16).
 """
 from __future__ import annotations
 
@@ -22,8 +25,7 @@ from typing import Any
 import torch
 
 log = logging.getLogger("modelcall.structured")
-# byte value -> its 8 bits, lowest first (llguidance's bitmask: bit i%32 of little-endian word i//32)
-_UNPACK = torch.tensor([[(b >> j) & 1 for j in range(8)] for b in range(256)], dtype=torch.bool)
+_SHIFTS: dict[torch.device, torch.Tensor] = {}
 
 
 class GrammarProcessor:
@@ -37,8 +39,10 @@ class GrammarProcessor:
         self.request_id = request_id
         self.consumed = 0                     # output tokens the matcher has taken
         self.pending: list[int] = []          # tokens seen by the observer, not yet consumed
-        self.blocked: torch.Tensor | None = None  # forbidden tokens after `mask_at` output tokens
+        self.words: torch.Tensor | None = None    # allowed-token bitmask after `mask_at` output tokens
+        self.blocked: torch.Tensor | None = None  # the same, unpacked: True where a token is forbidden
         self.mask_at = -1
+        self._staging: torch.Tensor | None = None  # pinned host copy of `words` (off-CPU devices only)
         self.future: Future | None = None
         self.lock = threading.Lock()
         self.inline_masks = 0                 # masks computed on the critical path (for stats)
@@ -70,29 +74,51 @@ class GrammarProcessor:
                 self.advance()
                 mask = torch.full((1, self.num_words), -1, dtype=torch.int32)
                 self.matcher.unsafe_compute_mask_ptr(mask.data_ptr(), self.num_words * 4)
-                self.blocked = blocked_rows(mask, [self])[0]
-                self.mask_at = n
+                words = adjusted_words(mask, [self])
+                self.words, self.blocked, self.mask_at = words[0], unpack_blocked(words)[0], n
                 self.inline_masks += 1
-            blocked = self.blocked
+            blocked = self.blocked if row.device.type == "cpu" else self._on_device(row.device)
         k = min(blocked.numel(), row.shape[-1])
-        # NOTE: the mask is built on the CPU (where llguidance writes it) and moved once per row.
-        row[:k].masked_fill_(blocked[:k].to(row.device, non_blocking=True), float("-inf"))
+        row[:k].masked_fill_(blocked[:k], float("-inf"))
         if row.shape[-1] > k:  # padded vocabulary rows the tokenizer does not know
             row[k:] = float("-inf")
 
 
-def blocked_rows(masks: torch.Tensor, procs: Sequence[GrammarProcessor]) -> torch.Tensor:
-    """[n, W] bitmasks -> [n, W*32] bool, True where a token is forbidden; a request whose grammar
-    may end keeps its end-of-sequence tokens, one in error keeps only those (it stops)."""
-    allowed = _UNPACK[masks.view(torch.uint8).long()].reshape(masks.shape[0], -1)
+    def _on_device(self, device: torch.device) -> torch.Tensor:
+        """The forbidden-token mask on `device`: the packed words (vocab/8 bytes, not a byte per
+        token) go through a pinned buffer with a non-blocking copy and are unpacked there, so the
+        sampler never waits on a pageable copy. Reusing the buffer next step is safe: every step
+        ends in the sampler's one host sync, after which this copy has landed."""
+        if self._staging is None:
+            self._staging = torch.empty(self.num_words, dtype=torch.int32, pin_memory=True)
+        self._staging.copy_(self.words)
+        return unpack_blocked(self._staging.to(device, non_blocking=True))
+
+
+def adjusted_words(masks: torch.Tensor, procs: Sequence[GrammarProcessor]) -> torch.Tensor:
+    """llguidance's [n, W] int32 bitmasks (bit i%32 of word i//32 set: token i allowed), with each
+    request's end-of-sequence tokens allowed once its grammar may end; a request whose matcher is in
+    error keeps only those (it stops)."""
     for i, p in enumerate(procs):
         m = p.matcher
         err = m.is_error()
         if err:
-            allowed[i] = False
+            masks[i] = 0
         if err or m.is_accepting():
-            allowed[i, [t for t in p.eos if t < allowed.shape[1]]] = True
-    return ~allowed
+            for t in p.eos:
+                if t < masks.shape[1] * 32:
+                    w = int(masks[i, t >> 5]) | (1 << (t & 31))
+                    masks[i, t >> 5] = w - (1 << 32) if w >= 1 << 31 else w  # the int32 of those 32 bits
+    return masks
+
+
+def unpack_blocked(words: torch.Tensor) -> torch.Tensor:
+    """[..., W] int32 allowed-token bitmask words -> [..., W*32] bool, True where a token is
+    forbidden; computed on the words' own device (shifts and an AND: no host work, no table)."""
+    shifts = _SHIFTS.get(words.device)
+    if shifts is None:
+        shifts = _SHIFTS[words.device] = torch.arange(32, dtype=torch.int32, device=words.device)
+    return ((words.unsqueeze(-1) >> shifts) & 1).eq(0).flatten(-2)
 
 
 class MaskPrefetcher:
@@ -139,9 +165,10 @@ class MaskPrefetcher:
             masks = torch.full((len(batch), self.num_words), -1, dtype=torch.int32)
             self.executor.unsafe_compute_mask_ptr([(p.matcher, i) for i, p in enumerate(batch)],
                                                   masks.data_ptr(), self.num_words * 4, len(batch))
-            blocked = blocked_rows(masks, batch)
+            words = adjusted_words(masks, batch)
+            blocked = unpack_blocked(words)
             for i, p in enumerate(batch):
-                p.blocked, p.mask_at = blocked[i], p.consumed
+                p.words, p.blocked, p.mask_at = words[i], blocked[i], p.consumed
         except Exception:  # the processor recomputes inline; never let the worker die silently
             log.exception("mask prefetch failed")
         finally:
