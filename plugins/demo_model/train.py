@@ -1,4 +1,5 @@
-"""Train the demo model that answers (seeded, one CPU thread, under 15 minutes on two shared cores):
+"""Train the demo model that answers (seeded, one CPU thread: about 5 minutes of CPU time; the wall time
+depends on the load: 25 minutes on two cores shared by seven sessions at load 10-25):
 
     python -m modelcall.plugins.demo_model.train --out plugins/demo_model/trained
     python -m modelcall.plugins.demo_model.train --check plugins/demo_model/trained   # accuracy only
