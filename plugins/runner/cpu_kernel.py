@@ -167,6 +167,67 @@ static void attend_vec(const float *qt, const uint16_t *qbt, float *ot, const vo
 }
 #endif
 
+#if defined(__AVX512BF16__)
+/* attend_vec for bf16 queries over a bf16 cache, reading memory in order: each slot's K row (every head's keys,
+ * hkv*d contiguous values) is read once, front to back, its per-head partial dot products parked in `part`
+ * ([hq][16 keys][16 lanes], in L1) and reduced 16 keys at a time; V likewise row by row into `ot`. Reading a block
+ * head by head (attend_vec) walks it at a stride of one row per key, which streamed K/V at ~6 GB/s here. */
+static void attend_rows_bf16(const uint16_t *qb, float *ot, const uint16_t *kc, const uint16_t *vc,
+                             const int64_t *sl, int64_t len, int64_t hq, int64_t hkv, int64_t d, float scale,
+                             float *scores, float *part) {
+    const int64_t g = hq / hkv, rowlen = hkv * d, full = len & ~(int64_t)15;
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int64_t j0 = 0; j0 < full; j0 += 16) {
+        for (int64_t k = 0; k < 16; k++) {
+            const uint16_t *kr = kc + sl[j0 + k] * rowlen;
+            for (int64_t hh = 0; hh < hq; hh++) {
+                const uint16_t *kh = kr + (hh / g) * d, *qh = qb + hh * d;
+                __m512 a = _mm512_setzero_ps();
+                for (int64_t w = 0; w < d; w += 32)
+                    a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512((const void *)(qh + w)),
+                                         (__m512bh)_mm512_loadu_si512((const void *)(kh + w)));
+                _mm512_storeu_ps(part + (hh * 16 + k) * 16, a);
+            }
+        }
+        for (int64_t hh = 0; hh < hq; hh++) {
+            __m512 v[16];
+            for (int k = 0; k < 16; k++) v[k] = _mm512_loadu_ps(part + (hh * 16 + k) * 16);
+            _mm512_storeu_ps(scores + hh * len + j0, _mm512_mul_ps(hsum16(v), vs));
+        }
+    }
+    for (int64_t j = full; j < len; j++) {
+        const uint16_t *kr = kc + sl[j] * rowlen;
+        for (int64_t hh = 0; hh < hq; hh++) {
+            const uint16_t *kh = kr + (hh / g) * d, *qh = qb + hh * d;
+            __m512 a = _mm512_setzero_ps();
+            for (int64_t w = 0; w < d; w += 32)
+                a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512((const void *)(qh + w)),
+                                     (__m512bh)_mm512_loadu_si512((const void *)(kh + w)));
+            scores[hh * len + j] = _mm512_reduce_add_ps(a) * scale;
+        }
+    }
+    for (int64_t hh = 0; hh < hq; hh++) {
+        float *sc = scores + hh * len;
+        float m = -INFINITY, sum = 0.f;
+        for (int64_t j = 0; j < len; j++) m = sc[j] > m ? sc[j] : m;
+        for (int64_t j = 0; j < len; j++) { sc[j] = expf(sc[j] - m); sum += sc[j]; }
+        const float inv = 1.f / sum;
+        for (int64_t j = 0; j < len; j++) sc[j] *= inv;
+    }
+    memset(ot, 0, sizeof(float) * (size_t)(hq * d));
+    for (int64_t j = 0; j < len; j++) {
+        const uint16_t *vr = vc + sl[j] * rowlen;
+        for (int64_t hh = 0; hh < hq; hh++) {
+            const __m512 p = _mm512_set1_ps(scores[hh * len + j]);
+            const uint16_t *vh = vr + (hh / g) * d;
+            float *o = ot + hh * d;
+            for (int64_t v = 0; v < d; v += 16)
+                _mm512_storeu_ps(o + v, _mm512_fmadd_ps(p, load16(vh, v, 1), _mm512_loadu_ps(o + v)));
+        }
+    }
+}
+#endif
+
 /* One query token over its whole context, all heads at once: for each context slot the K (then V)
  * rows of every head are one contiguous run of hkv*d values, so the reads stream through memory.
  * scores[hh*len + j] = q_hh . K[j, hh / g] * scale; softmax over j; out_hh = sum_j p_j V[j, hh / g]. */
@@ -272,12 +333,20 @@ void paged_attention(const float *q, const uint16_t *qb, float *out, const void 
                      float softcap, const float *sinks, int nthreads) {
     #pragma omp parallel num_threads(nthreads)
     {
-        /* per-thread scratch: every head's scores over the longest context, plus one row */
-        float *scores = (float *)malloc(sizeof(float) * (size_t)(hq * max_ctx + d));
+        /* per-thread scratch: every head's scores over the longest context, one row, 16 keys' partial dots per head */
+        float *scores = (float *)malloc(sizeof(float) * (size_t)(hq * max_ctx + d + hq * 256));
         #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < n; t++) {
             const int64_t len = tok_pos[t] + 1, first = window > 0 && len > window ? len - window : 0;
 #if defined(__AVX512F__)
+#if defined(__AVX512BF16__)
+            if (qb && bf16 && d % 32 == 0 && softcap == 0.f && !sinks) {
+                attend_rows_bf16(qb + t * hq * d, out + t * hq * d, (const uint16_t *)kc, (const uint16_t *)vc,
+                                 slots + tok_seq[t] * max_ctx + first, len - first, hq, hkv, d, scale, scores,
+                                 scores + hq * max_ctx + d);
+                continue;
+            }
+#endif
             if (d % 16 == 0 && d <= 256 && softcap == 0.f && !sinks) {
                 attend_vec(q + t * hq * d, qb && d % 32 == 0 ? qb + t * hq * d : NULL, out + t * hq * d, kc, vc, bf16,
                            slots + tok_seq[t] * max_ctx + first, len - first, hq, hkv, d, scale, scores);
