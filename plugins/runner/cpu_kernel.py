@@ -87,20 +87,36 @@ static inline __m512 hsum16(__m512 *v) {
     return _mm512_permutexvar_ps(idx, z);
 }
 
+/* softmax of each head's `len` scores (rows of `scores`), in place */
+static inline void softmax_rows(float *scores, int64_t hq, int64_t len) {
+    for (int64_t hh = 0; hh < hq; hh++) {
+        float *sc = scores + hh * len;
+        float m = -INFINITY, sum = 0.f;
+        for (int64_t j = 0; j < len; j++) m = sc[j] > m ? sc[j] : m;
+        for (int64_t j = 0; j < len; j++) { sc[j] = expf(sc[j] - m); sum += sc[j]; }
+        const float inv = 1.f / sum;
+        for (int64_t j = 0; j < len; j++) sc[j] *= inv;
+    }
+}
+
+#if defined(__AVX512BF16__)
+/* 16 fp32 partial sums of q . k over d bf16 values (d % 32 == 0); their sum is the dot product */
+static inline __m512 dot_bf16(const uint16_t *q, const uint16_t *k, int64_t d) {
+    __m512 a = _mm512_setzero_ps();
+    for (int64_t w = 0; w < d; w += 32)
+        a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512((const void *)(q + w)),
+                             (__m512bh)_mm512_loadu_si512((const void *)(k + w)));
+    return a;
+}
+#endif
+
 /* The scores of 16 keys (rows sl[0..16)) against one query head: fp32 math, or bf16 pairs (q and K both bf16). */
 static inline __m512 dot16(const float *qq, const uint16_t *qb, const void *kc, int bf16, const int64_t *sl,
                            int64_t rowlen, int64_t off, int64_t d) {
     __m512 acc[16];
 #if defined(__AVX512BF16__)
     if (qb) {
-        for (int k = 0; k < 16; k++) {
-            const uint16_t *kr = (const uint16_t *)kc + sl[k] * rowlen + off;
-            __m512 a = _mm512_setzero_ps();
-            for (int64_t w = 0; w < d; w += 32)
-                a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512((const void *)(qb + w)),
-                                     (__m512bh)_mm512_loadu_si512((const void *)(kr + w)));
-            acc[k] = a;
-        }
+        for (int k = 0; k < 16; k++) acc[k] = dot_bf16(qb, (const uint16_t *)kc + sl[k] * rowlen + off, d);
         return hsum16(acc);
     }
 #endif
@@ -137,14 +153,7 @@ static void attend_vec(const float *qt, const uint16_t *qbt, float *ot, const vo
             for (int64_t v = 16; v < d; v += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qt + hh * d + v), load16(kc, base + v, bf16), acc);
             scores[hh * len + j] = _mm512_reduce_add_ps(acc) * scale;
         }
-    for (int64_t hh = 0; hh < hq; hh++) {
-        float *sc = scores + hh * len;
-        float m = -INFINITY, sum = 0.f;
-        for (int64_t j = 0; j < len; j++) m = sc[j] > m ? sc[j] : m;
-        for (int64_t j = 0; j < len; j++) { sc[j] = expf(sc[j] - m); sum += sc[j]; }
-        const float inv = 1.f / sum;
-        for (int64_t j = 0; j < len; j++) sc[j] *= inv;
-    }
+    softmax_rows(scores, hq, len);
     memset(ot, 0, sizeof(float) * (size_t)(hq * d));
     for (int64_t j0 = 0; j0 < len; j0 += 16) {
         const int64_t j1 = j0 + 16 < len ? j0 + 16 : len;
@@ -182,11 +191,7 @@ static void attend_rows_bf16(const uint16_t *qb, float *ot, const uint16_t *kc, 
             const uint16_t *kr = kc + sl[j0 + k] * rowlen;
             for (int64_t hh = 0; hh < hq; hh++) {
                 const uint16_t *kh = kr + (hh / g) * d, *qh = qb + hh * d;
-                __m512 a = _mm512_setzero_ps();
-                for (int64_t w = 0; w < d; w += 32)
-                    a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512((const void *)(qh + w)),
-                                         (__m512bh)_mm512_loadu_si512((const void *)(kh + w)));
-                _mm512_storeu_ps(part + (hh * 16 + k) * 16, a);
+                _mm512_storeu_ps(part + (hh * 16 + k) * 16, dot_bf16(qh, kh, d));
             }
         }
         for (int64_t hh = 0; hh < hq; hh++) {
@@ -199,21 +204,10 @@ static void attend_rows_bf16(const uint16_t *qb, float *ot, const uint16_t *kc, 
         const uint16_t *kr = kc + sl[j] * rowlen;
         for (int64_t hh = 0; hh < hq; hh++) {
             const uint16_t *kh = kr + (hh / g) * d, *qh = qb + hh * d;
-            __m512 a = _mm512_setzero_ps();
-            for (int64_t w = 0; w < d; w += 32)
-                a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512((const void *)(qh + w)),
-                                     (__m512bh)_mm512_loadu_si512((const void *)(kh + w)));
-            scores[hh * len + j] = _mm512_reduce_add_ps(a) * scale;
+            scores[hh * len + j] = _mm512_reduce_add_ps(dot_bf16(qh, kh, d)) * scale;
         }
     }
-    for (int64_t hh = 0; hh < hq; hh++) {
-        float *sc = scores + hh * len;
-        float m = -INFINITY, sum = 0.f;
-        for (int64_t j = 0; j < len; j++) m = sc[j] > m ? sc[j] : m;
-        for (int64_t j = 0; j < len; j++) { sc[j] = expf(sc[j] - m); sum += sc[j]; }
-        const float inv = 1.f / sum;
-        for (int64_t j = 0; j < len; j++) sc[j] *= inv;
-    }
+    softmax_rows(scores, hq, len);
     memset(ot, 0, sizeof(float) * (size_t)(hq * d));
     for (int64_t j = 0; j < len; j++) {
         const uint16_t *vr = vc + sl[j] * rowlen;
