@@ -136,9 +136,9 @@ def test_the_agent_sends_the_trained_prompts(served, capsys):
     import random
 
     tok = AutoTokenizer.from_pretrained(trained_model_dir())
-    chat = corpus.weather_chat(random.Random(0), ("Shanghai", "上海"), "en")
-    chat["messages"][0]["content"] = "Weather in Shanghai?"
-    result = _agent(served, "Weather in Shanghai?", capsys)
+    chat = corpus.weather_chat(random.Random(0), ("Paris", "巴黎"), "en")
+    chat["messages"][0]["content"] = "What's the weather in Paris?"
+    result = _agent(served, "What's the weather in Paris?", capsys)
     assert [len(p) for p in _training_prompts(tok, chat)] == [r["usage"]["prompt_tokens"] for r in result["requests"]]
 
 
@@ -165,8 +165,8 @@ def _agent(url: str, question: str, capsys) -> dict:
 
 
 # NOTE: issue 19 is not met yet: the committed model copies the expression or the city into its call
-# about half the time, and the tool's result into its answer less often (9/40 held-out arithmetic, 11/96
-# weather, greedy under HF; 6/20 arithmetic through the server); these tests say what it must do and
+# most of the time, and the tool's result into its answer less often (21/40 held-out arithmetic, 59/96
+# weather, greedy under HF; 12/20 arithmetic through the server); these tests say what it must do and
 # fail loudly once it does.
 NOT_COPYING = pytest.mark.xfail(strict=True, reason="issue 19: the committed demo model does not copy arguments yet")
 
@@ -193,7 +193,7 @@ def test_held_out_arithmetic_is_answered_through_the_calculator(served, capsys):
     assert right >= 18, seen
 
 
-@pytest.mark.xfail(reason="issue 19: the committed model copies some cities and temperatures only")
+@pytest.mark.xfail(reason="issue 19: the committed model copies most cities, some temperatures")
 @pytest.mark.parametrize("question,city", [
     ("What's the weather in Paris?", "Paris"), ("How is the weather in Tokyo?", "Tokyo"),
     ("Tell me the weather in New York.", "New York"), ("东京的天气怎么样？", "东京"),
@@ -210,14 +210,14 @@ def test_the_agent_command_runs_in_its_own_process(served):
     """The whole loop through the real CLI: the model's call parsed by the server, run by the agent with
     the city asked, the report fed back, the answer built on it (a question it answers today)."""
     out = subprocess.run([BIN, "agent", "--base-url", served, "--tools", *TOOLS, "--json",
-                          "--param", "temperature=0", "Weather in Shanghai?"],
+                          "--param", "temperature=0", "What's the weather in Paris?"],
                          capture_output=True, text=True, timeout=180)
     result = json.loads(out.stdout)
     assert out.returncode == 0 and result["status"] == "answered", out.stderr
     (call,) = result["tool_calls"]
-    assert call["name"] == "get_weather" and call["status"] == "ok" and json.loads(call["arguments"]) == {"city": "Shanghai"}
+    assert call["name"] == "get_weather" and call["status"] == "ok" and json.loads(call["arguments"]) == {"city": "Paris"}
     assert [r["finish_reason"] for r in result["requests"]] == ["tool_calls", "stop"]
-    assert f"{weather_of('Shanghai')['temperature_c']}°C" in result["answer"]
+    assert f"{weather_of('Paris')['temperature_c']}°C" in result["answer"]
 
 
 # ---- the committed weights ------------------------------------------------------------------------

@@ -53,7 +53,7 @@ MODEL = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=3, num_at
              num_key_value_heads=4, head_dim=32, max_position_embeddings=MAX_POSITIONS,
              tie_word_embeddings=True, rope_theta=10000.0)
 # bare: the tool chats without their system block (warm-up); chats: every row as served
-TRAIN = dict(chats=12000, bare_steps=250, steps=900, batch=32, lr=6e-3, warmup=30, weight_decay=0.01)
+TRAIN = dict(chats=12000, bare_steps=250, steps=1800, batch=32, lr=6e-3, warmup=30, weight_decay=0.01)
 
 
 # ---- tokenizer ----------------------------------------------------------------------------------
