@@ -3,7 +3,7 @@
 Which demo model: the seeded random-weight model built into the user cache, unless the environment
 says `MODELCALL_DEMO_MODEL=trained` (the model trained here, committed in the package, `trained/`).
 NOTE: the trained model becomes the default once it meets issue 19's bar (>= 18 of 20 held-out
-arithmetic questions through the calculator); today it gets 6 of 20 through `modelcall agent`, so a
+arithmetic questions through the calculator); today it gets 12 of 20 through `modelcall agent`, so a
 newcomer's `modelcall serve` keeps the model whose behaviour every client of the first release was
 checked against.
 """
