@@ -149,35 +149,49 @@ async def test_aborts_meter_only_emitted_tokens_and_free_every_block(make_kernel
 
 
 class ForwardProbe:
-    """Notes, as each TokensEmitted is published, whether a forward runs in the worker thread meanwhile
-    (waiting a little for the thread to pick it up: the engine hands it over just before publishing)."""
+    """Notes, as each TokensEmitted is published, whether a forward runs in the worker thread meanwhile.
 
-    def __init__(self) -> None:
+    NOTE: on a loaded machine a tiny model's forward can end before the loop gets to publish, so the
+    forward is held (up to `hold_s`) until the probe has looked: with overlap the look happens while
+    it is held (True); without, the loop only publishes after the forward returned (False) and the
+    held forward just runs late. `patience_s` covers the worker thread's start."""
+
+    def __init__(self, patience_s: float) -> None:
         self.busy = threading.Event()
+        self.looked = threading.Event()
+        self.patience_s = patience_s
         self.seen: list[bool] = []
+
+    def observe(self, ev: TokensEmitted) -> None:
+        self.seen.append(self.busy.wait(self.patience_s))
+        self.looked.set()
+
+    def hold(self, execute, hold_s: float):
+        def held(plan):
+            self.busy.set()
+            try:
+                self.looked.wait(hold_s)
+                self.looked.clear()
+                return execute(plan)
+            finally:
+                self.busy.clear()
+        return held
 
     @hookimpl
     def register_observers(self, register) -> None:
-        register(TokensEmitted, lambda ev: self.seen.append(self.busy.wait(0.05)), name="test.forward_probe")
+        register(TokensEmitted, self.observe, name="test.forward_probe")
 
 
 @pytest.mark.parametrize("overlap", [True, False])
 async def test_tokens_are_published_while_the_next_forward_runs_only_with_overlap(make_kernel, demo_model_dir,
                                                                                    overlap):
-    probe = ForwardProbe()
-    busy, seen = probe.busy, probe.seen
+    # without overlap a longer patience would only slow the test: the loop that publishes is the one
+    # that would start the next forward, so no forward can run meanwhile however long it waits
+    probe = ForwardProbe(patience_s=2.0 if overlap else 0.05)
+    seen = probe.seen
 
     async with make_kernel(plugins=[probe], model=demo_model_dir, async_scheduling=overlap) as kernel:
-        execute = kernel.runner.execute
-
-        def timed_execute(plan):
-            busy.set()
-            try:
-                return execute(plan)
-            finally:
-                busy.clear()
-
-        kernel.engine.runner.execute = timed_execute  # type: ignore[method-assign]
+        kernel.engine.runner.execute = probe.hold(kernel.runner.execute, hold_s=2.0 if overlap else 0.05)  # type: ignore[method-assign]
         handle = await kernel.submit(prompt_token_ids=PROMPTS[1], max_tokens=MAX_TOKENS, temperature=0,
                                      ignore_eos=True)
         await handle.result()
