@@ -12,7 +12,8 @@ $(STAMP): pyproject.toml
 	# NOTE: the CPU build of torch, pinned before anything can ask for an open range (which
 	# would pull a CUDA build of several GB).
 	$(PIP) install -q torch==2.13.0 numpy
-	$(PIP) install -q -e '.[test]'
+	# every extra: the tests' (which hold scale, otel and cuda's packages) and the benchmarks' plots
+	$(PIP) install -q -e '.[test,bench]'
 	touch $(STAMP)
 
 install: $(STAMP)
