@@ -11,6 +11,7 @@ import random
 
 import anyio
 import pytest
+from greedy_refs import greedy_continuations
 from kv_invariants import check_whole
 
 from modelcall.events import Preempted, TokensEmitted
@@ -26,18 +27,7 @@ PROMPTS = ([_PREFIX + [_rng.randrange(10, 2048) for _ in range(_rng.randrange(1,
 
 @pytest.fixture(scope="module")
 def references(demo_model_dir) -> list[list[int]]:
-    """Greedy continuations from transformers, one prompt at a time, fp32, EOS ignored."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(demo_model_dir, local_files_only=True, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None  # like ignore_eos: always MAX_TOKENS tokens
-    out = []
-    for prompt in PROMPTS:
-        ids = torch.tensor([prompt])
-        gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False)
-        out.append(gen[0, len(prompt):].tolist())
-    return out
+    return greedy_continuations(demo_model_dir, PROMPTS, MAX_TOKENS)
 
 
 async def _complete(kernel, i: int, delay: float = 0.0, priority: int = 0) -> tuple[int, object]:
