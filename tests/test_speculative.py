@@ -101,6 +101,55 @@ async def test_greedy_parity_with_drafts_mixed_batches_and_preemption(
         assert any(isinstance(e, Preempted) for e in events.events)
 
 
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                           "days": {"type": "integer", "minimum": 1, "maximum": 9}},
+          "required": ["city", "days"], "additionalProperties": False}
+JSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA, "strict": True}}
+
+
+async def test_grammar_constrained_requests_keep_their_output_beside_speculating_ones(make_kernel, events, references,
+                                                                                      demo_model_dir):
+    """A real grammar (llguidance json_schema) in the same steps as drafted, verified and rolled-back
+    requests, under preemption: the constrained output equals the one speculation off gives, and is
+    valid; the others equal transformers."""
+    import json
+
+    import jsonschema
+
+    async def constrained(kernel, i: int) -> list[int]:
+        done = await kernel.complete(prompt_token_ids=PROMPTS[i], max_tokens=40, temperature=0,
+                                     response_format=JSON_FORMAT)
+        assert done.finish_reason == "stop", done
+        jsonschema.validate(json.loads(done.text), SCHEMA)
+        return list(done.token_ids)
+
+    async with make_kernel(model=demo_model_dir, block_size=16, num_kv_blocks=64, max_num_batched_tokens=24) as k:
+        alone = [await constrained(k, i) for i in (0, 3)]
+    seen_before = len(events.events)
+    oracle = OracleProposer({tuple(p): r for p, r in zip(PROMPTS, references)})
+    async with make_kernel(plugins=[oracle], model=demo_model_dir, block_size=16, num_kv_blocks=7,
+                           max_num_batched_tokens=24,
+                           speculative_config={"method": "ngram", "num_speculative_tokens": 4}) as kernel:
+        got: dict[str, list] = {}
+
+        async def grammar_side() -> None:
+            got["constrained"] = [await constrained(kernel, i) for i in (0, 3)]
+
+        async def drafting_side() -> None:
+            got["plain"] = await _run_all(kernel, PROMPTS)
+
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(drafting_side)
+                tg.start_soon(grammar_side)
+        check_whole(kernel.kv)
+        spec = kernel.speculator
+    assert got["plain"] == references
+    assert got["constrained"] == alone
+    assert spec.num_accepted_tokens > 0 and spec.num_draft_tokens > spec.num_accepted_tokens
+    assert any(isinstance(e, Preempted) for e in events.events[seen_before:])  # 7 blocks hold barely two requests
+
+
 async def test_prompt_lookup_parity_and_suffix_retry_accepts(make_kernel, references, demo_model_dir):
     """A retried request (same prompt again) is proposed its earlier output by suffix decoding: nearly
     every draft is accepted and the text is the same; prompt lookup changes no output either."""
