@@ -108,8 +108,7 @@ class Engine:
                     await self.step()
         finally:
             self.alive = False
-            self._in_flight = False
-            self._free_deferred()
+            self._forward_returned()
             self._abort_all("abort")
             if self._executor is not None:
                 self._executor.shutdown(wait=False)
@@ -130,24 +129,40 @@ class Engine:
         try:
             output = await self._forward(plan)
         except Exception as e:  # the step failed: fail its requests, keep the engine alive
-            log.exception("model step failed")
-            self.last_error = f"{type(e).__name__}: {e}"
-            for chunk in plan.chunks:
-                self._fail(chunk.request, type(e).__name__, str(e), events)
+            self._fail_step(plan, e, events)
             self.bus.publish(events)
             return
         t2 = now()
         self._apply(plan, output, t2, events)
+        events.append(self._step_done(plan, output, t0, t1, t2))
+        self.bus.publish(events)
+        self._abort_stale()
+
+    def _fail_step(self, plan: SchedulePlan, e: Exception, events: list) -> None:
+        log.exception("model step failed")
+        self.last_error = f"{type(e).__name__}: {e}"
+        for chunk in plan.chunks:
+            self._fail(chunk.request, type(e).__name__, str(e), events)
+
+    def _step_done(self, plan: SchedulePlan, output: StepOutput, t0: float, t1: float, t2: float) -> StepDone:
+        """Count the step and describe it (schedule from t0, forward from t1, applied from t2)."""
         self.step_count += 1
         kv_usage = 1.0 - self.kv.num_free_blocks() / self.kv.num_blocks
-        events.append(StepDone(step=self.step_count, num_tokens=plan.num_tokens, num_requests=len(plan.chunks),
-                               num_waiting=self.scheduler.num_waiting, num_running=self.scheduler.num_running,
-                               kv_usage=kv_usage, schedule_s=t1 - t0,
-                               forward_s=output.forward_s or (t2 - t1), step_s=now() - t0))
-        self.bus.publish(events)
+        return StepDone(step=self.step_count, num_tokens=plan.num_tokens, num_requests=len(plan.chunks),
+                        num_waiting=self.scheduler.num_waiting, num_running=self.scheduler.num_running,
+                        kv_usage=kv_usage, schedule_s=t1 - t0, forward_s=output.forward_s or (t2 - t1),
+                        step_s=now() - t0)
+
+    def _abort_stale(self) -> None:
+        """Every 64 steps: abort requests whose stream nobody has read for consumer_timeout_s."""
         if self.step_count % 64 == 0:
             for rid in self.bus.stale_streams(now(), self.consumer_timeout_s):
                 self.abort(rid)
+
+    def _worker(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="modelcall-step")
+        return self._executor
 
     async def _forward(self, plan: SchedulePlan) -> StepOutput:
         """Run the step's forward in the engine's worker thread.
@@ -161,9 +176,7 @@ class Engine:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # another anyio backend
             return await anyio.to_thread.run_sync(self.runner.execute, plan)
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="modelcall-step")
-        return await loop.run_in_executor(self._executor, self.runner.execute, plan)
+        return await loop.run_in_executor(self._worker(), self.runner.execute, plan)
 
     # ---- async scheduling: post-processing one step behind the forward ---------------------
 
@@ -221,43 +234,32 @@ class Engine:
                 try:
                     output = await future
                 except Exception as e:  # the step failed: fail its requests, keep the engine alive
-                    self._in_flight = False
-                    self._free_deferred()
-                    log.exception("model step failed")
-                    self.last_error = f"{type(e).__name__}: {e}"
+                    self._forward_returned()
                     failed: list[Any] = []
-                    for chunk in plan.chunks:
-                        self._fail(chunk.request, type(e).__name__, str(e), failed)
+                    self._fail_step(plan, e, failed)
                     self.bus.publish(failed)
                     continue
-                self._in_flight = False
                 t2 = now()
-                self._free_deferred()
+                self._forward_returned()
                 self._take_aborts()
                 events: list[Any] = []
                 todo = self._advance(plan, output, t2, events)
-                self.step_count += 1
-                kv_usage = 1.0 - self.kv.num_free_blocks() / self.kv.num_blocks
-                done = StepDone(step=self.step_count, num_tokens=plan.num_tokens, num_requests=len(plan.chunks),
-                                num_waiting=self.scheduler.num_waiting, num_running=self.scheduler.num_running,
-                                kv_usage=kv_usage, schedule_s=t1 - t0, forward_s=output.forward_s or (t2 - t1),
-                                step_s=now() - t0)
-                pending = (todo, events, done, t2)
-                if self.step_count % 64 == 0:
-                    for rid in self.bus.stale_streams(now(), self.consumer_timeout_s):
-                        self.abort(rid)
+                pending = (todo, events, self._step_done(plan, output, t0, t1, t2), t2)
+                self._abort_stale()
         finally:
-            self._in_flight = False
-            self._free_deferred()
+            self._forward_returned()
             if pending is not None:
                 self._post_process(*pending)
 
     def _start_forward(self, plan: SchedulePlan) -> asyncio.Future:
         """Hand `plan` to the worker thread now; from here until it is awaited, ended requests keep their blocks."""
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="modelcall-step")
         self._in_flight = True
-        return asyncio.get_running_loop().run_in_executor(self._executor, self.runner.execute, plan)
+        return asyncio.get_running_loop().run_in_executor(self._worker(), self.runner.execute, plan)
+
+    def _forward_returned(self) -> None:
+        """The forward handed over by `_start_forward` is done: requests ended meanwhile free their blocks."""
+        self._in_flight = False
+        self._free_deferred()
 
     def _advance(self, plan: SchedulePlan, output: StepOutput, t: float, events: list) -> list[tuple]:
         """The forward-critical half of `_apply`: computed counts, K/V commits and the sampled tokens
