@@ -110,7 +110,7 @@ async def test_tokenizer_dir_serves_a_checkpoint_without_tokenizer_files(make_ke
 def test_cli_options_reach_the_config(tmp_path):
     import argparse
 
-    from modelcall.plugins.cli.options import add_kernel_options, config_from_args
+    from modelcall.core.commands import add_kernel_options, config_from_args
 
     parser = argparse.ArgumentParser()
     add_kernel_options(parser)

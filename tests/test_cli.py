@@ -100,7 +100,7 @@ def test_plugins_add_subcommands_and_can_be_blocked(tmp_path, monkeypatch, capsy
 def test_kernel_options_become_the_kernel_config():
     import argparse
 
-    from modelcall.plugins.cli.options import add_kernel_options, kernel_from_args
+    from modelcall.core.commands import add_kernel_options, kernel_from_args
 
     parser = argparse.ArgumentParser()
     add_kernel_options(parser)

@@ -203,7 +203,7 @@ async def test_a_refused_request_is_an_error_span_under_its_traceparent(receiver
 def test_cli_option_configures_the_exporter():
     import argparse
 
-    from modelcall.plugins.cli.options import add_kernel_options, config_from_args
+    from modelcall.core.commands import add_kernel_options, config_from_args
 
     parser = argparse.ArgumentParser()
     add_kernel_options(parser)

@@ -455,7 +455,7 @@ async def test_metrics_and_ledger_show_acceptance(make_kernel, events, demo_mode
 def test_cli_takes_the_speculative_config_json() -> None:
     import argparse
 
-    from modelcall.plugins.cli.options import CommandError, add_kernel_options, config_from_args
+    from modelcall.core.commands import CommandError, add_kernel_options, config_from_args
 
     parser = argparse.ArgumentParser()
     add_kernel_options(parser)

@@ -382,7 +382,7 @@ def test_revoked_expired_and_disabled_keys_are_refused_and_sighup_applies_a_revo
 def test_each_cap_is_a_command_line_setting():
     import argparse
 
-    from modelcall.plugins.cli.options import add_kernel_options, config_from_args
+    from modelcall.core.commands import add_kernel_options, config_from_args
 
     parser = argparse.ArgumentParser()
     add_kernel_options(parser)

@@ -39,12 +39,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def load_tool(spec: str) -> Tool:
     module, sep, name = spec.partition(":")
     if not sep or not module or not name:
-        from modelcall.plugins.cli.options import CommandError
+        from modelcall.core.commands import CommandError
         raise CommandError(f"--tools wants MODULE:FUNCTION, got {spec!r}")
     try:
         obj = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
-        from modelcall.plugins.cli.options import CommandError
+        from modelcall.core.commands import CommandError
         raise CommandError(f"cannot load tool {spec!r}: {e}") from None
     return obj if isinstance(obj, Tool) else Tool(obj)
 

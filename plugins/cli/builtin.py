@@ -1,4 +1,4 @@
-"""The built-in subcommands: `generate` (stream one completion) and `demo-model` (write the demo model)."""
+"""The built-in subcommand `generate` (stream one completion). `demo-model` is the demo-model plugin's."""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from modelcall.core import SamplingParams
-from modelcall.plugins.cli.options import CommandError, add_kernel_options, kernel_from_args, wait_ready
+from modelcall.core.commands import CommandError, add_kernel_options, kernel_from_args, wait_ready
 
 if TYPE_CHECKING:
     from modelcall.plugins.cli.main import Command
@@ -16,8 +16,6 @@ def commands() -> list[Command]:
     from modelcall.plugins.cli.main import Command
     return [
         Command("generate", "generate text from a prompt, streamed to stdout", configure_generate, run_generate),
-        Command("demo-model", "write the built-in demo model (the random Llama; --trained: the trained one)",
-                configure_demo_model, run_demo_model),
     ]
 
 
@@ -65,22 +63,4 @@ async def run_generate(args: argparse.Namespace) -> int:
             out.flush()
             if type(event) is RequestFailed:
                 raise CommandError(f"the request failed: {event.error_type}: {event.message}", 1)
-    return 0
-
-
-# ---- demo-model -------------------------------------------------------------------------------
-
-def configure_demo_model(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("out_dir", metavar="OUT_DIR", help="a new or empty directory")
-    kind = parser.add_mutually_exclusive_group()
-    kind.add_argument("--random", action="store_true", help="the tiny random-weight model (the default)")
-    kind.add_argument("--trained", action="store_true",
-                      help="the small model trained on the project's synthetic tool chats")
-
-
-def run_demo_model(args: argparse.Namespace) -> int:
-    from modelcall.plugins.demo_model import build_demo_model, copy_trained_model
-
-    path = copy_trained_model(args.out_dir) if args.trained else build_demo_model(args.out_dir)
-    print(path)
     return 0

@@ -15,7 +15,7 @@ from typing import Any
 from modelcall.core import ConfigError, InvalidRequest, ModelcallError, ModelNotFound, PluginHost
 from modelcall.core import __version__
 from modelcall.plugins.cli import builtin
-from modelcall.plugins.cli.options import CommandError
+from modelcall.core.commands import CommandError
 
 
 class Command:

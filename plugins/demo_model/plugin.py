@@ -35,6 +35,13 @@ def provide_model_dir(config: Any) -> str | None:
 
 
 @hookimpl
+def register_commands(register: Any) -> None:
+    from modelcall.plugins.demo_model import command
+    register("demo-model", "write the built-in demo model (the random Llama; --trained: the trained one)",
+             command.configure, command.run)
+
+
+@hookimpl
 def register_server_tools(register: Any, config: Any, kernel: Any) -> None:
     """`calculator` and `get_weather` as server-hosted tools (`demo__calculator`, `demo__get_weather`),
     only while the trained demo model is served: it is the model that knows them."""

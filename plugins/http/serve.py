@@ -66,7 +66,7 @@ def _replica_count(text: str) -> int:
 
 def _add_kernel_options(parser: argparse.ArgumentParser) -> None:
     try:
-        from modelcall.plugins.cli.options import add_kernel_options
+        from modelcall.core.commands import add_kernel_options
     except ImportError:  # the CLI plugin is not installed: the options serve needs itself
         parser.add_argument("--model", default=None, help="a Hugging Face model directory (default: the demo model)")
         parser.add_argument("--max-model-len", type=int, default=None)
@@ -116,7 +116,7 @@ def _kernel_from_args(args: argparse.Namespace) -> Kernel:
     if args.max_queued is not None:
         overrides["max_queued"] = args.max_queued
     try:
-        from modelcall.plugins.cli.options import kernel_from_args
+        from modelcall.core.commands import kernel_from_args
     except ImportError:
         fields = {k: getattr(args, k) for k in ("model", "max_model_len", "num_kv_blocks")
                   if getattr(args, k, None) is not None}
