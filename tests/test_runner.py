@@ -97,14 +97,21 @@ def test_portable_attention_path_matches_too(demo_model_dir, hf_model, monkeypat
     assert drive_ragged_steps(runner, hf_model, 2) < 1e-4
 
 
-def test_long_continued_chunks_run_as_flash_blocks_and_match(demo_model_dir, hf_model, monkeypatch):
-    """Continued prefill chunks of LONG_CHUNK queries or more go through the blocked (flash) path, the
-    decodes and short chunks of the same steps through the C kernel; logits still match transformers."""
-    from modelcall.plugins.runner import attention
+@pytest.mark.parametrize("blocked", [True, False])
+def test_long_continued_chunks_run_as_flash_blocks_and_match(demo_model_dir, hf_model, monkeypatch, blocked):
+    """Continued prefill chunks of LONG_CHUNK queries or more go through the blocked path (the C kernel's
+    block_attention; without AVX-512 torch's flash attention), the decodes and short chunks of the same steps
+    through the C kernel row by row; logits still match transformers."""
+    from modelcall.plugins.runner import attention, cpu_kernel
+    if blocked and not cpu_kernel.has_block_attention():
+        pytest.skip("no AVX-512 C kernel")
     calls = []
-    inner = attention._chunk_attention
+    where, name = (cpu_kernel, "block_attention") if blocked else (attention, "_chunk_attention")
+    inner = getattr(where, name)
     monkeypatch.setattr(attention, "LONG_CHUNK", 8)
-    monkeypatch.setattr(attention, "_chunk_attention", lambda *a: calls.append(a[0].shape[0]) or inner(*a))
+    monkeypatch.setattr(where, name, lambda *a, **k: calls.append(a[0].shape[0]) or inner(*a, **k))
+    if not blocked:
+        monkeypatch.setattr(cpu_kernel, "has_block_attention", lambda: False)
     runner = make_runner(demo_model_dir)
     assert drive_ragged_steps(runner, hf_model, 3) < 1e-4
     assert calls and min(calls) >= 8

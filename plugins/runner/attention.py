@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from modelcall.plugins.runner import cpu_kernel
+from modelcall.plugins.runner import cascade, cpu_kernel
 from modelcall.plugins.runner.batch import StepBatch
 
 NAME = "modelcall_paged"
@@ -80,8 +80,16 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     out = query.new_empty(num_tokens, n_q_heads, head_dim)
     if step.num_paged:
         out[:step.num_paged] = _paged(q_rows[:step.num_paged], kc, vc, step, var, gqa, group)
+    blocked = (var.plain and var.window is None and kc.dtype == query.dtype and step.scratch.get("attention_backend")
+               is None and cpu_kernel.usable(q_rows, kc) and cpu_kernel.has_block_attention())
     for g in step.fresh:
         end = g.start + g.num_seqs * g.q_len
+        if blocked and g.q_len >= LONG_CHUNK:   # the C kernel over the K/V just written (same values: same dtype)
+            last = _causal_keys(step, 0, g.q_len)
+            for b in range(g.start, end, g.q_len):
+                out[b:b + g.q_len] = cpu_kernel.block_attention(q_rows[b:b + g.q_len], kc, vc, slot_mapping[b:b + g.q_len],
+                                                                var.scale, last, with_lse=False)[0]
+            continue
         q = query[0, :, g.start:end].unflatten(1, (g.num_seqs, g.q_len)).transpose(0, 1)   # [B, Hq, q, D]
         k = key[0, :, g.start:end].unflatten(1, (g.num_seqs, g.q_len)).transpose(0, 1)
         v = value[0, :, g.start:end].unflatten(1, (g.num_seqs, g.q_len)).transpose(0, 1)
@@ -109,9 +117,11 @@ def _paged(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, step: StepB
         from modelcall.plugins.runner import cuda_attention
         return cuda_attention.paged_step(q_rows, kc, vc, step, var, slots, group)
     if cpu_kernel.usable(q_rows, kc):
-        long = _long_chunks(step) if var.plain and var.window is None else None
-        if long:
-            return _paged_split(q_rows, kc, vc, step, var, slots, long)
+        plain = var.plain and var.window is None
+        long = _long_chunks(step) if plain else None
+        shared = _shared_prefix(step, slots, group) if plain else None
+        if long or shared:
+            return _paged_split(q_rows, kc, vc, step, var, slots, long or [], shared, group)
         return cpu_kernel.paged_attention(q_rows, kc, vc, step, var.scale, var.window or 0, var.softcap or 0.0,
                                           var.sinks, slots)
     return _paged_torch(q_rows, kc, vc, step, var, gqa, group, slots)
@@ -134,35 +144,62 @@ def _long_chunks(step: StepBatch) -> list[tuple[int, int, int, int]]:
     return long
 
 
+def _shared_prefix(step: StepBatch, slots: torch.Tensor, group: int) -> cascade.CascadePlan | None:
+    """The step's shared-prefix groups over this KV group's slots (cascade.py), computed once per step."""
+    key = ("cascade", group)
+    if key not in step.scratch:
+        step.scratch[key] = cascade.plan(slots, step.paged_ctx_lens, step.paged_q_lens, step.paged_token_seq,
+                                         max_queries=LONG_CHUNK)   # longer chunks are _long_chunks'
+    return step.scratch[key]
+
+
 def _paged_split(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, step: StepBatch, var: Variant,
-                 slots: torch.Tensor, long: list[tuple[int, int, int, int]]) -> torch.Tensor:
-    """Long continued chunks through `_chunk_attention` (flash attention over blocks of queries), the other
-    paged tokens (decodes, short chunks) through the C kernel, which reads the context once per query token.
+                 slots: torch.Tensor, long: list[tuple[int, int, int, int]],
+                 shared: cascade.CascadePlan | None = None, group: int = 0) -> torch.Tensor:
+    """Long continued chunks through `_chunk_attention` (flash attention over blocks of queries), rows sharing
+    a cached prefix through `cascade.attend`, the other paged tokens (decodes, short chunks) through the C
+    kernel, which reads the context once per query token.
 
     NOTE: per query token the C kernel is a matrix-vector product over the context; a 1,792-token chunk over
     1,920 keys took 322 ms of CPU per layer that way and 57 + 55 ms as the two flash calls (W3's shape)."""
     out = q_rows.new_empty(q_rows.shape)
-    short = step.scratch.get("short_rows")
+    key = ("short_rows", group)
+    short = step.scratch.get(key)
     if short is None:
         keep = torch.ones(q_rows.shape[0], dtype=torch.bool)
         for row, q, _, _ in long:
             keep[row:row + q] = False
-        short = step.scratch["short_rows"] = keep.nonzero().squeeze(1)
+        if shared is not None:
+            keep[shared.tokens] = False
+        short = step.scratch[key] = keep.nonzero().squeeze(1)
+    if shared is not None:
+        out.index_copy_(0, shared.tokens, cascade.attend(q_rows, kc, vc, shared, var.scale).to(out.dtype))
     if short.numel():
-        sub = StepBatch(input_ids=step.input_ids, positions=step.positions, slot_mapping=step.slot_mapping,
-                        sample_rows=None, num_sampled=0, num_paged=int(short.numel()))
-        sub.paged_token_seq = step.paged_token_seq.index_select(0, short)
-        sub.paged_token_pos = step.paged_token_pos.index_select(0, short)
-        out.index_copy_(0, short, cpu_kernel.paged_attention(q_rows.index_select(0, short), kc, vc, sub,
-                                                             var.scale, 0, 0.0, None, slots))
+        out.index_copy_(0, short, cpu_kernel.attend_tokens(
+            q_rows.index_select(0, short), kc, vc, step.paged_token_seq.index_select(0, short),
+            step.paged_token_pos.index_select(0, short), slots, var.scale).to(out.dtype))
+    blocked = cpu_kernel.has_block_attention()
     for row, q, ctx, s in long:
-        out[row:row + q] = _chunk_attention(q_rows[row:row + q], kc, vc, slots[s, :ctx], var.scale)
+        if blocked:
+            out[row:row + q] = cpu_kernel.block_attention(q_rows[row:row + q], kc, vc, slots[s, :ctx], var.scale,
+                                                          _causal_keys(step, ctx - q, q), with_lse=False)[0]
+        else:
+            out[row:row + q] = _chunk_attention(q_rows[row:row + q], kc, vc, slots[s, :ctx], var.scale)
     return out
+
+
+def _causal_keys(step: StepBatch, start: int, q_len: int) -> torch.Tensor:
+    """[q_len] int64: the last key each query of a chunk at positions start.. sees (causal), shared by the layers."""
+    key = ("causal_keys", start, q_len)
+    last = step.scratch.get(key)
+    if last is None:
+        last = step.scratch[key] = torch.arange(start, start + q_len)
+    return last
 
 
 def _chunk_attention(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
                      scale: float) -> torch.Tensor:
-    """[q, Hq, D] causal attention of a chunk's q queries, the last q of `slots`' positions, over all of them.
+    """(Without AVX-512: the C kernel's block_attention does this 1.5-2x faster.) [q, Hq, D] causal attention of a chunk's q queries, the last q of `slots`' positions, over all of them.
 
     Two flash-attention calls and a log-sum-exp merge: the earlier context with no mask (every query sees all
     of it) and the chunk's own keys with the causal mask; no masked-out block is computed."""

@@ -12,6 +12,11 @@ logit soft-capping (s = cap * tanh(s / cap)) and per-head sink logits that join 
         for each context slot j: K[slot(j)] is one run of Hkv*D values (every head): read once
             scores[hh][j] = q[t, hh] · K[slot(j), hh // G] * scale      G = Hq / Hkv share a K/V head
         out[t, hh] = softmax(scores[hh]) @ V[slot(.), hh // G]
+
+With AVX-512, `block_attention` takes many query rows over one run of keys at once (a long prefill chunk, or the
+rows sharing a cached prefix: cascade.py): per KV head, K and V are converted once and met by 32 query lanes at a
+time as two register-tiled GEMMs; 1.5-2.2x torch's CPU flash attention at prefill shapes (one thread, bf16).
+Either path can return each head's log-sum-exp, so two parts of one softmax can be merged.
 """
 from __future__ import annotations
 
@@ -49,7 +54,13 @@ SOURCE = r"""
 static inline void load_row(float *dst, const void *base, int64_t row, int64_t d, int bf16) {
     if (bf16) {
         const uint16_t *src = (const uint16_t *)base + row * d;
-        for (int64_t i = 0; i < d; i++) {
+        int64_t i = 0;
+#if defined(__AVX512F__)
+        for (; i + 16 <= d; i += 16)
+            _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i))), 16)));
+#endif
+        for (; i < d; i++) {
             uint32_t u = (uint32_t)src[i] << 16;
             memcpy(&dst[i], &u, 4);
         }
@@ -87,8 +98,9 @@ static inline __m512 hsum16(__m512 *v) {
     return _mm512_permutexvar_ps(idx, z);
 }
 
-/* softmax of each head's `len` scores (rows of `scores`), in place */
-static inline void softmax_rows(float *scores, int64_t hq, int64_t len) {
+/* softmax of each head's `len` scores (rows of `scores`), in place; with `lse`, each head's log-sum-exp of its
+ * scores there (lse[hh] = max + log(sum of exp(s - max))): what merging with another part's softmax needs */
+static inline void softmax_rows(float *scores, int64_t hq, int64_t len, float *lse) {
     for (int64_t hh = 0; hh < hq; hh++) {
         float *sc = scores + hh * len;
         float m = -INFINITY, sum = 0.f;
@@ -96,6 +108,7 @@ static inline void softmax_rows(float *scores, int64_t hq, int64_t len) {
         for (int64_t j = 0; j < len; j++) { sc[j] = expf(sc[j] - m); sum += sc[j]; }
         const float inv = 1.f / sum;
         for (int64_t j = 0; j < len; j++) sc[j] *= inv;
+        if (lse) lse[hh] = m + logf(sum);
     }
 }
 
@@ -134,7 +147,7 @@ static inline __m512 dot16(const float *qq, const uint16_t *qb, const void *kc, 
  * weighted sum of V keeps each head's output in registers over a block. */
 static void attend_vec(const float *qt, const uint16_t *qbt, float *ot, const void *kc, const void *vc, int bf16,
                        const int64_t *sl, int64_t len, int64_t hq, int64_t hkv, int64_t d, float scale,
-                       float *scores) {
+                       float *scores, float *lse) {
     const int64_t g = hq / hkv, rowlen = hkv * d, es = bf16 ? 2 : 4, nv = d / 16;
     const int64_t full = len & ~(int64_t)15;
     const __m512 vs = _mm512_set1_ps(scale);
@@ -153,7 +166,7 @@ static void attend_vec(const float *qt, const uint16_t *qbt, float *ot, const vo
             for (int64_t v = 16; v < d; v += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qt + hh * d + v), load16(kc, base + v, bf16), acc);
             scores[hh * len + j] = _mm512_reduce_add_ps(acc) * scale;
         }
-    softmax_rows(scores, hq, len);
+    softmax_rows(scores, hq, len, lse);
     memset(ot, 0, sizeof(float) * (size_t)(hq * d));
     for (int64_t j0 = 0; j0 < len; j0 += 16) {
         const int64_t j1 = j0 + 16 < len ? j0 + 16 : len;
@@ -183,7 +196,7 @@ static void attend_vec(const float *qt, const uint16_t *qbt, float *ot, const vo
  * head by head (attend_vec) walks it at a stride of one row per key, which streamed K/V at ~6 GB/s here. */
 static void attend_rows_bf16(const uint16_t *qb, float *ot, const uint16_t *kc, const uint16_t *vc,
                              const int64_t *sl, int64_t len, int64_t hq, int64_t hkv, int64_t d, float scale,
-                             float *scores, float *part) {
+                             float *scores, float *part, float *lse) {
     const int64_t g = hq / hkv, rowlen = hkv * d, full = len & ~(int64_t)15;
     const __m512 vs = _mm512_set1_ps(scale);
     for (int64_t j0 = 0; j0 < full; j0 += 16) {
@@ -207,7 +220,7 @@ static void attend_rows_bf16(const uint16_t *qb, float *ot, const uint16_t *kc, 
             scores[hh * len + j] = _mm512_reduce_add_ps(dot_bf16(qh, kh, d)) * scale;
         }
     }
-    softmax_rows(scores, hq, len);
+    softmax_rows(scores, hq, len, lse);
     memset(ot, 0, sizeof(float) * (size_t)(hq * d));
     for (int64_t j = 0; j < len; j++) {
         const uint16_t *vr = vc + sl[j] * rowlen;
@@ -227,7 +240,7 @@ static void attend_rows_bf16(const uint16_t *qb, float *ot, const uint16_t *kc, 
  * scores[hh*len + j] = q_hh . K[j, hh / g] * scale; softmax over j; out_hh = sum_j p_j V[j, hh / g]. */
 static void attend(const float *qt, float *ot, const void *kc, const void *vc, int bf16, const int64_t *sl,
                    int64_t len, int64_t hq, int64_t hkv, int64_t d, float scale, float softcap,
-                   const float *sinks, float *scores, float *row) {
+                   const float *sinks, float *scores, float *row, float *lse) {
     const int64_t g = hq / hkv, rowlen = hkv * d;
 #if defined(__AVX512F__)
     const int vec = d % 16 == 0 && d <= 256;
@@ -274,6 +287,7 @@ static void attend(const float *qt, float *ot, const void *kc, const void *vc, i
         for (int64_t j = 0; j < len; j++) { sc[j] = expf(sc[j] - m); sum += sc[j]; }
         const float inv = 1.f / sum;
         for (int64_t j = 0; j < len; j++) sc[j] *= inv;
+        if (lse) lse[hh] = m + logf(sum);   /* the sink's term included */
     }
     memset(ot, 0, sizeof(float) * (size_t)(hq * d));
     for (int64_t j = 0; j < len; j++) {
@@ -307,6 +321,123 @@ static void attend(const float *qt, float *ot, const void *kc, const void *vc, i
     }
 }
 
+#if defined(__AVX512F__)
+/* e^x for 16 lanes (x <= 0 here: scores minus their maximum), |relative error| ~1e-7: x = n ln2 + r, |r| <= ln2/2,
+ * e^r by its Taylor polynomial to r^7, times 2^n */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+    __m512 p = _mm512_set1_ps(1.f / 5040.f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* dst[k][0..32) = sum over t < n of b[k * ks + t * ts] * v[t][0..32), for k < nk <= 8: 8 x 32 accumulators in
+ * registers, one row of v loaded per t, each b value broadcast into its FMA (block_attention's two GEMMs) */
+static inline void tile8x32(const float *b, int64_t ks, int64_t ts, int64_t nk, const float *v, int64_t n,
+                            float *dst) {
+    __m512 a[8][2];
+    for (int k = 0; k < 8; k++) a[k][0] = a[k][1] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; t++) {
+        const __m512 v0 = _mm512_load_ps(v + t * 32), v1 = _mm512_load_ps(v + t * 32 + 16);
+        for (int k = 0; k < 8; k++) {
+            const __m512 x = _mm512_set1_ps(b[(k < nk ? k : 0) * ks + t * ts]);
+            a[k][0] = _mm512_fmadd_ps(x, v0, a[k][0]);
+            a[k][1] = _mm512_fmadd_ps(x, v1, a[k][1]);
+        }
+    }
+    for (int k = 0; k < nk; k++) {
+        _mm512_store_ps(dst + k * 32, a[k][0]);
+        _mm512_store_ps(dst + k * 32 + 16, a[k][1]);
+    }
+}
+
+/* Attention of a block of query rows over one run of keys (slots sl[0..len)), as two small GEMMs per KV head with
+ * the queries along the vector lanes, so each K/V value is converted once and used by every query of its head from
+ * registers. Row r sees keys 0..lim[r] (lim NULL: all): the shared prefix of cascade.py (every row, every key) and
+ * long prefill chunks (row r at position start + r of its request, causal).
+ *   Kf, Vf [len][d] fp32: the head's keys and values
+ *   for each tile of 32 lanes (lane = row r, group head gi: i = r * g + gi; keys up to the tile's last lim):
+ *     S[j][lane] = Kf[j] . Qt[.][lane] * scale, masked past lim; P = e^(S - max), sum; lse = max + log(sum)
+ *     Ot[e][lane] = sum_j Vf[j][e] P[j][lane];  out[r][h*g+gi] = Ot[.][lane] / sum
+ * fp32 math throughout (the products of bf16 values are exact in fp32), like the row-by-row paths. */
+void block_attention(const float *q, float *out, float *lse, const void *kc, const void *vc, int bf16,
+                     const int64_t *sl, int64_t len, const int64_t *lim, int64_t m, int64_t hq, int64_t hkv, int64_t d,
+                     float scale, int nthreads) {
+    const int64_t g = hq / hkv, mq = m * g;
+    #pragma omp parallel for num_threads(nthreads) schedule(static, 1)
+    for (int64_t h = 0; h < hkv; h++) {
+        float *kf = (float *)aligned_alloc(64, sizeof(float) * (size_t)(2 * len * d + 2 * d * 32 + len * 32 + 64));
+        float *vf = kf + len * d, *qt = vf + len * d, *ot = qt + d * 32, *s = ot + d * 32, *mx = s + len * 32;
+        float *sum = mx + 32;
+        for (int64_t j = 0; j < len; j++) {
+            load_row(kf + j * d, kc, sl[j] * hkv + h, d, bf16);
+            load_row(vf + j * d, vc, sl[j] * hkv + h, d, bf16);
+        }
+        for (int64_t i0 = 0; i0 < mq; i0 += 32) {
+            const int64_t nl = mq - i0 < 32 ? mq - i0 : 32;
+            int32_t lane_lim[32];
+            int64_t keys = 0;
+            for (int64_t l = 0; l < 32; l++) {
+                /* padding lanes (zero queries) see every key of the tile: finite, and dropped */
+                const int64_t lv = l < nl ? (lim ? lim[(i0 + l) / g] : len - 1) : -2;
+                lane_lim[l] = (int32_t)lv;
+                keys = lv + 1 > keys ? lv + 1 : keys;
+            }
+            for (int64_t l = nl; l < 32; l++) lane_lim[l] = (int32_t)(keys - 1);
+            memset(qt, 0, sizeof(float) * (size_t)(d * 32));
+            for (int64_t l = 0; l < nl; l++) {
+                const int64_t i = i0 + l;
+                const float *qi = q + ((i / g) * hq + h * g + i % g) * d;
+                for (int64_t e = 0; e < d; e++) qt[e * 32 + l] = qi[e] * scale;
+            }
+            /* S = K Q^T, 8 keys at a time */
+            for (int64_t j0 = 0; j0 < keys; j0 += 8)
+                tile8x32(kf + j0 * d, d, 1, keys - j0 < 8 ? keys - j0 : 8, qt, d, s + j0 * 32);
+            for (int64_t half = 0; half < 32; half += 16) {
+                const __m512i lv = _mm512_loadu_si512((const void *)(lane_lim + half));
+                int32_t lo = lane_lim[half];
+                for (int l = 1; l < 16; l++) lo = lane_lim[half + l] < lo ? lane_lim[half + l] : lo;
+                __m512 top = _mm512_set1_ps(-INFINITY), tot = _mm512_setzero_ps();
+                for (int64_t j = 0; j < keys; j++) {   /* keys past a lane's lim: -inf, e^-inf = 0 */
+                    __m512 x = _mm512_load_ps(s + j * 32 + half);
+                    if (j > lo)
+                        x = _mm512_mask_blend_ps(_mm512_cmpge_epi32_mask(lv, _mm512_set1_epi32((int32_t)j)),
+                                                 _mm512_set1_ps(-INFINITY), x);
+                    _mm512_store_ps(s + j * 32 + half, x);
+                    top = _mm512_max_ps(top, x);
+                }
+                for (int64_t j = 0; j < keys; j++) {
+                    const __m512 p = exp16(_mm512_sub_ps(_mm512_load_ps(s + j * 32 + half), top));
+                    _mm512_store_ps(s + j * 32 + half, p);
+                    tot = _mm512_add_ps(tot, p);
+                }
+                _mm512_store_ps(mx + half, top);
+                _mm512_store_ps(sum + half, tot);
+            }
+            /* O^T = V^T P, 8 output dims at a time over the tile's keys */
+            for (int64_t e0 = 0; e0 < d; e0 += 8)
+                tile8x32(vf + e0, 1, d, d - e0 < 8 ? d - e0 : 8, s, keys, ot + e0 * 32);
+            for (int64_t l = 0; l < nl; l++) {
+                const int64_t i = i0 + l, at = (i / g) * hq + h * g + i % g;
+                const float inv = 1.f / sum[l];
+                for (int64_t e = 0; e < d; e++) out[at * d + e] = ot[e * 32 + l] * inv;
+                if (lse) lse[at] = mx[l] + logf(sum[l]);
+            }
+        }
+        free(kf);
+    }
+}
+#endif
+
 /* Pin the calling thread and the OpenMP team it leads (torch's too: one runtime) to cpus[0..n).
  * Returns how many threads were pinned. */
 int bind_threads(const int *cpus, int n) {
@@ -324,7 +455,7 @@ int bind_threads(const int *cpus, int n) {
 void paged_attention(const float *q, const uint16_t *qb, float *out, const void *kc, const void *vc, int bf16,
                      const int64_t *tok_seq, const int64_t *tok_pos, const int64_t *slots, int64_t max_ctx,
                      int64_t n, int64_t hq, int64_t hkv, int64_t d, float scale, int64_t window,
-                     float softcap, const float *sinks, int nthreads) {
+                     float softcap, const float *sinks, float *lse, int nthreads) {
     #pragma omp parallel num_threads(nthreads)
     {
         /* per-thread scratch: every head's scores over the longest context, one row, 16 keys' partial dots per head */
@@ -332,23 +463,24 @@ void paged_attention(const float *q, const uint16_t *qb, float *out, const void 
         #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < n; t++) {
             const int64_t len = tok_pos[t] + 1, first = window > 0 && len > window ? len - window : 0;
+            float *lt = lse ? lse + t * hq : NULL;
 #if defined(__AVX512F__)
 #if defined(__AVX512BF16__)
             if (qb && bf16 && d % 32 == 0 && softcap == 0.f && !sinks) {
                 attend_rows_bf16(qb + t * hq * d, out + t * hq * d, (const uint16_t *)kc, (const uint16_t *)vc,
                                  slots + tok_seq[t] * max_ctx + first, len - first, hq, hkv, d, scale, scores,
-                                 scores + hq * max_ctx + d);
+                                 scores + hq * max_ctx + d, lt);
                 continue;
             }
 #endif
             if (d % 16 == 0 && d <= 256 && softcap == 0.f && !sinks) {
                 attend_vec(q + t * hq * d, qb && d % 32 == 0 ? qb + t * hq * d : NULL, out + t * hq * d, kc, vc, bf16,
-                           slots + tok_seq[t] * max_ctx + first, len - first, hq, hkv, d, scale, scores);
+                           slots + tok_seq[t] * max_ctx + first, len - first, hq, hkv, d, scale, scores, lt);
                 continue;
             }
 #endif
             attend(q + t * hq * d, out + t * hq * d, kc, vc, bf16, slots + tok_seq[t] * max_ctx + first, len - first,
-                   hq, hkv, d, scale, softcap, sinks, scores, scores + hq * max_ctx);
+                   hq, hkv, d, scale, softcap, sinks, scores, scores + hq * max_ctx, lt);
         }
         free(scores);
     }
@@ -384,8 +516,12 @@ def _build() -> ctypes.CDLL | None:
     fn = lib.paged_attention
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     fn.argtypes = [p, p, p, p, p, ctypes.c_int, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, ctypes.c_float,
-                   p, ctypes.c_int]
+                   p, p, ctypes.c_int]
     fn.restype = None
+    if hasattr(lib, "block_attention"):   # AVX-512 machines only
+        lib.block_attention.argtypes = [p, p, p, p, p, ctypes.c_int, p, i64, p, i64, i64, i64, i64, ctypes.c_float,
+                                        ctypes.c_int]
+        lib.block_attention.restype = None
     lib.bind_threads.argtypes = [p, ctypes.c_int]
     lib.bind_threads.restype = ctypes.c_int
     return lib
@@ -416,21 +552,58 @@ def paged_attention(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, st
                     slots: torch.Tensor | None = None) -> torch.Tensor:
     """[n, Hq, D] attention of the paged group's tokens (cache [slots, Hkv, D]); math in fp32. `window` 0 and
     `softcap` 0 mean none; `sinks` is one logit per query head or None."""
+    slots = step.paged_slots if slots is None else slots   # [S, max_ctx] of the layer's KV group
+    out = attend_tokens(q_rows, kc, vc, step.paged_token_seq, step.paged_token_pos, slots, scale, window, softcap,
+                        sinks)
+    return out.to(q_rows.dtype)
+
+
+def attend_tokens(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, tok_seq: torch.Tensor,
+                  tok_pos: torch.Tensor, slots: torch.Tensor, scale: float, window: int = 0, softcap: float = 0.0,
+                  sinks: torch.Tensor | None = None, lse: torch.Tensor | None = None) -> torch.Tensor:
+    """[n, Hq, D] fp32: token t attends to the keys at `slots[tok_seq[t], 0..tok_pos[t]]` (the last `window` of
+    them when `window` > 0). With `lse` ([n, Hq] fp32, contiguous) each head's log-sum-exp of its scores is
+    written there, so the result can be merged with attention over other keys (cascade.py)."""
     lib = load()
     assert lib is not None
     q = q_rows.float().contiguous()
     n, hq, d = q.shape
     out = torch.empty_like(q)
-    slots = step.paged_slots if slots is None else slots   # [S, max_ctx] of the layer's KV group
     sink = sinks.detach().float().contiguous() if sinks is not None else None
     # bf16 queries over a bf16 cache: the C kernel's scores take bf16 pair dot products (AVX512-BF16) of the
     # same bits (bf16 x bf16 products are exact in fp32), read from this copy
     qb = q_rows.contiguous() if q_rows.dtype == torch.bfloat16 and kc.dtype == torch.bfloat16 else None
-    lib.paged_attention(q.data_ptr(), qb.data_ptr() if qb is not None else None, out.data_ptr(), kc.data_ptr(), vc.data_ptr(), int(kc.dtype == torch.bfloat16),
-                        step.paged_token_seq.data_ptr(), step.paged_token_pos.data_ptr(), slots.data_ptr(),
-                        slots.shape[1], n, hq, kc.shape[1], d, scale, window, softcap,
-                        sink.data_ptr() if sink is not None else None, torch.get_num_threads())
-    return out.to(q_rows.dtype)
+    lib.paged_attention(q.data_ptr(), qb.data_ptr() if qb is not None else None, out.data_ptr(), kc.data_ptr(),
+                        vc.data_ptr(), int(kc.dtype == torch.bfloat16), tok_seq.data_ptr(), tok_pos.data_ptr(),
+                        slots.data_ptr(), slots.shape[1], n, hq, kc.shape[1], d, scale, window, softcap,
+                        sink.data_ptr() if sink is not None else None, lse.data_ptr() if lse is not None else None,
+                        torch.get_num_threads())
+    return out
+
+
+def has_block_attention() -> bool:
+    """Whether the kernel has `block_attention` (built with AVX-512)."""
+    lib = load()
+    return lib is not None and hasattr(lib, "block_attention")
+
+
+def block_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
+                    scale: float, last_key: torch.Tensor | None = None,
+                    with_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """([m, Hq, D] fp32, [m, Hq] fp32 log-sum-exp or None): the m query rows `q` ([m, Hq, D]) over the keys at
+    the cache slots `slots` ([L] int64); row r sees keys 0..last_key[r] (int64 [m]; None: all of them)."""
+    lib = load()
+    assert lib is not None
+    q = q.float().contiguous()
+    m, hq, d = q.shape
+    out = torch.empty_like(q)
+    lse = torch.empty(m, hq) if with_lse else None
+    slots = slots.contiguous()
+    lib.block_attention(q.data_ptr(), out.data_ptr(), lse.data_ptr() if lse is not None else None, kc.data_ptr(),
+                        vc.data_ptr(), int(kc.dtype == torch.bfloat16), slots.data_ptr(), slots.numel(),
+                        last_key.data_ptr() if last_key is not None else None, m, hq, kc.shape[1], d, scale,
+                        torch.get_num_threads())
+    return out, lse
 
 
 def bind_threads(cpus: list[int]) -> bool:
