@@ -101,10 +101,12 @@ def test_no_group_below_the_thresholds_and_variants_fall_back():
 
 
 @pytest.mark.parametrize("m,hq,hkv,d,keys,dtype", [(70, 8, 8, 64, 200, torch.float32), (33, 8, 2, 64, 33, torch.bfloat16),
-                                                  (5, 6, 3, 48, 300, torch.float32), (40, 4, 1, 32, 1000, torch.float32)])
+                                                  (5, 6, 3, 48, 300, torch.float32), (40, 4, 1, 32, 1000, torch.float32),
+                                                  (19, 6, 3, 48, 77, torch.bfloat16)])
 def test_block_attention_with_causal_limits_equals_masked_softmax(m, hq, hkv, d, keys, dtype):
     """block_attention (the long prefill chunks' and the shared part's kernel): row r sees keys 0..last[r]; tiles of
-    32 lanes cut across rows and their group heads (GQA/MQA), a last partial tile, scattered slots."""
+    32 lanes cut across rows and their group heads (GQA/MQA), a last partial tile, an odd key count, scattered slots.
+    bf16: both GEMMs on bf16 pairs, the probabilities rounded to bf16 for P V (as torch's flash attention)."""
     if not cpu_kernel.has_block_attention():
         pytest.skip("no AVX-512 kernel")
     g = torch.Generator().manual_seed(m + keys)
@@ -120,7 +122,7 @@ def test_block_attention_with_causal_limits_equals_masked_softmax(m, hq, hkv, d,
         if last is not None:
             s = s.masked_fill(torch.arange(keys)[None, None, :] > last[None, :, None], float("-inf"))
         want = (torch.softmax(s, -1) @ v).transpose(0, 1)
-        assert (out.double() - want).abs().max().item() < 1e-5
+        assert (out.double() - want).abs().max().item() < (1e-5 if dtype == torch.float32 else 4e-3)
         assert (lse.double() - torch.logsumexp(s, -1).transpose(0, 1)).abs().max().item() < 1e-4
 
 

@@ -360,6 +360,31 @@ static inline void tile8x32(const float *b, int64_t ks, int64_t ts, int64_t nk, 
     }
 }
 
+#if defined(__AVX512BF16__)
+/* tile8x32 on bf16 pairs: dst[k][0..32) = scale * sum over t < n of pair rows[k][t * ts] . pair v[t][0..32) (each
+ * 32-bit value two bf16), AVX512-BF16 dot products: S = K Q^T (keys straight from a bf16 cache, query pairs along
+ * the head dim; bf16 x bf16 products are exact in fp32) and O^T = V^T P (V and P paired along the keys) */
+static inline void tile8x32_bf16(const uint32_t *const *rows, int64_t ts, int64_t nk, const uint32_t *v, int64_t n,
+                                 float scale, float *dst) {
+    __m512 a[8][2];
+    for (int k = 0; k < 8; k++) a[k][0] = a[k][1] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < n; p++) {
+        const __m512bh q0 = (__m512bh)_mm512_load_si512((const void *)(v + p * 32));
+        const __m512bh q1 = (__m512bh)_mm512_load_si512((const void *)(v + p * 32 + 16));
+        for (int k = 0; k < 8; k++) {
+            const __m512bh x = (__m512bh)_mm512_set1_epi32((int)rows[k < nk ? k : 0][p * ts]);
+            a[k][0] = _mm512_dpbf16_ps(a[k][0], x, q0);
+            a[k][1] = _mm512_dpbf16_ps(a[k][1], x, q1);
+        }
+    }
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int k = 0; k < nk; k++) {
+        _mm512_store_ps(dst + k * 32, _mm512_mul_ps(a[k][0], vs));
+        _mm512_store_ps(dst + k * 32 + 16, _mm512_mul_ps(a[k][1], vs));
+    }
+}
+#endif
+
 /* Attention of a block of query rows over one run of keys (slots sl[0..len)), as two small GEMMs per KV head with
  * the queries along the vector lanes, so each K/V value is converted once and used by every query of its head from
  * registers. Row r sees keys 0..lim[r] (lim NULL: all): the shared prefix of cascade.py (every row, every key) and
@@ -368,17 +393,36 @@ static inline void tile8x32(const float *b, int64_t ks, int64_t ts, int64_t nk, 
  *   for each tile of 32 lanes (lane = row r, group head gi: i = r * g + gi; keys up to the tile's last lim):
  *     S[j][lane] = Kf[j] . Qt[.][lane] * scale, masked past lim; P = e^(S - max), sum; lse = max + log(sum)
  *     Ot[e][lane] = sum_j Vf[j][e] P[j][lane];  out[r][h*g+gi] = Ot[.][lane] / sum
- * fp32 math throughout (the products of bf16 values are exact in fp32), like the row-by-row paths. */
-void block_attention(const float *q, float *out, float *lse, const void *kc, const void *vc, int bf16,
+ * fp32 math throughout (the products of bf16 values are exact in fp32), like the row-by-row paths. With bf16 queries
+ * (qb) over a bf16 cache, S comes from AVX512-BF16 pair dot products of the cache's own bits (no Kf). */
+void block_attention(const float *q, const uint16_t *qb, float *out, float *lse, const void *kc, const void *vc,
+                     int bf16,
                      const int64_t *sl, int64_t len, const int64_t *lim, int64_t m, int64_t hq, int64_t hkv, int64_t d,
                      float scale, int nthreads) {
     const int64_t g = hq / hkv, mq = m * g;
     #pragma omp parallel for num_threads(nthreads) schedule(static, 1)
     for (int64_t h = 0; h < hkv; h++) {
-        float *kf = (float *)aligned_alloc(64, sizeof(float) * (size_t)(2 * len * d + 2 * d * 32 + len * 32 + 64));
-        float *vf = kf + len * d, *qt = vf + len * d, *ot = qt + d * 32, *s = ot + d * 32, *mx = s + len * 32;
-        float *sum = mx + 32;
-        for (int64_t j = 0; j < len; j++) {
+        /* lenp: every buffer below starts 64-byte aligned (the tiles' aligned loads) */
+        const int64_t kp = (len + 1) / 2, lenp = (len + 15) & ~(int64_t)15;
+        float *kf = (float *)aligned_alloc(64, sizeof(float) * (size_t)(2 * lenp * d + 2 * d * 32 + lenp * 32
+                                                                           + lenp * 16 + 64));
+        float *vf = kf + lenp * d, *qt = vf + lenp * d, *ot = qt + d * 32, *s = ot + d * 32, *mx = s + lenp * 32;
+        float *sum = mx + 32;   /* then pp: P paired along the keys, [kp][32] */
+#if defined(__AVX512BF16__)
+        /* bf16 queries over a bf16 cache: both GEMMs on bf16 pairs; P is rounded to bf16 for O = P V, as torch's
+         * flash attention does for bf16 (the sums and the softmax stay fp32) */
+        const int pairs = qb && bf16 && d % 2 == 0;
+        uint32_t *qp = (uint32_t *)qt, *vp = (uint32_t *)vf, *pp = (uint32_t *)(mx + 64);
+        if (pairs)   /* V paired along the keys: vp[j/2][e] = V[j][e] | V[j+1][e] << 16 (a zero row past the end) */
+            for (int64_t jp = 0; jp < kp; jp++) {
+                const uint16_t *v0 = (const uint16_t *)vc + (sl[2 * jp] * hkv + h) * d;
+                const uint16_t *v1 = 2 * jp + 1 < len ? (const uint16_t *)vc + (sl[2 * jp + 1] * hkv + h) * d : NULL;
+                for (int64_t e = 0; e < d; e++) vp[jp * d + e] = (uint32_t)v0[e] | (v1 ? (uint32_t)v1[e] << 16 : 0u);
+            }
+#else
+        const int pairs = 0;
+#endif
+        for (int64_t j = 0; j < len && !pairs; j++) {
             load_row(kf + j * d, kc, sl[j] * hkv + h, d, bf16);
             load_row(vf + j * d, vc, sl[j] * hkv + h, d, bf16);
         }
@@ -393,13 +437,32 @@ void block_attention(const float *q, float *out, float *lse, const void *kc, con
                 keys = lv + 1 > keys ? lv + 1 : keys;
             }
             for (int64_t l = nl; l < 32; l++) lane_lim[l] = (int32_t)(keys - 1);
-            memset(qt, 0, sizeof(float) * (size_t)(d * 32));
-            for (int64_t l = 0; l < nl; l++) {
-                const int64_t i = i0 + l;
-                const float *qi = q + ((i / g) * hq + h * g + i % g) * d;
-                for (int64_t e = 0; e < d; e++) qt[e * 32 + l] = qi[e] * scale;
+            if (!pairs) {
+                memset(qt, 0, sizeof(float) * (size_t)(d * 32));
+                for (int64_t l = 0; l < nl; l++) {
+                    const int64_t i = i0 + l;
+                    const float *qi = q + ((i / g) * hq + h * g + i % g) * d;
+                    for (int64_t e = 0; e < d; e++) qt[e * 32 + l] = qi[e] * scale;
+                }
             }
             /* S = K Q^T, 8 keys at a time */
+#if defined(__AVX512BF16__)
+            if (pairs) {
+                memset(qp, 0, sizeof(uint32_t) * (size_t)(d / 2 * 32));
+                for (int64_t l = 0; l < nl; l++) {
+                    const int64_t i = i0 + l;
+                    const uint32_t *qi = (const uint32_t *)(qb + ((i / g) * hq + h * g + i % g) * d);
+                    for (int64_t p = 0; p < d / 2; p++) qp[p * 32 + l] = qi[p];
+                }
+                for (int64_t j0 = 0; j0 < keys; j0 += 8) {
+                    const uint32_t *kr[8];
+                    const int64_t nk = keys - j0 < 8 ? keys - j0 : 8;
+                    for (int64_t k = 0; k < nk; k++)
+                        kr[k] = (const uint32_t *)((const uint16_t *)kc + (sl[j0 + k] * hkv + h) * d);
+                    tile8x32_bf16(kr, 1, nk, qp, d / 2, scale, s + j0 * 32);
+                }
+            } else
+#endif
             for (int64_t j0 = 0; j0 < keys; j0 += 8)
                 tile8x32(kf + j0 * d, d, 1, keys - j0 < 8 ? keys - j0 : 8, qt, d, s + j0 * 32);
             for (int64_t half = 0; half < 32; half += 16) {
@@ -424,6 +487,24 @@ void block_attention(const float *q, float *out, float *lse, const void *kc, con
                 _mm512_store_ps(sum + half, tot);
             }
             /* O^T = V^T P, 8 output dims at a time over the tile's keys */
+#if defined(__AVX512BF16__)
+            if (pairs) {
+                const int64_t tp = (keys + 1) / 2;
+                for (int64_t jp = 0; jp < tp; jp++)
+                    for (int64_t half = 0; half < 32; half += 16) {
+                        const __m512i p0 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(s + 2 * jp * 32 + half)));
+                        const __m512i p1 = 2 * jp + 1 < keys
+                            ? _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(s + (2 * jp + 1) * 32 + half)))
+                            : _mm512_setzero_si512();
+                        _mm512_store_si512((void *)(pp + jp * 32 + half), _mm512_or_si512(p0, _mm512_slli_epi32(p1, 16)));
+                    }
+                for (int64_t e0 = 0; e0 < d; e0 += 8) {
+                    const uint32_t *vr[8];
+                    for (int k = 0; k < 8; k++) vr[k] = vp + e0 + (e0 + k < d ? k : 0);
+                    tile8x32_bf16(vr, d, d - e0 < 8 ? d - e0 : 8, pp, tp, 1.f, ot + e0 * 32);
+                }
+            } else
+#endif
             for (int64_t e0 = 0; e0 < d; e0 += 8)
                 tile8x32(vf + e0, 1, d, d - e0 < 8 ? d - e0 : 8, s, keys, ot + e0 * 32);
             for (int64_t l = 0; l < nl; l++) {
@@ -519,7 +600,7 @@ def _build() -> ctypes.CDLL | None:
                    p, p, ctypes.c_int]
     fn.restype = None
     if hasattr(lib, "block_attention"):   # AVX-512 machines only
-        lib.block_attention.argtypes = [p, p, p, p, p, ctypes.c_int, p, i64, p, i64, i64, i64, i64, ctypes.c_float,
+        lib.block_attention.argtypes = [p, p, p, p, p, p, ctypes.c_int, p, i64, p, i64, i64, i64, i64, ctypes.c_float,
                                         ctypes.c_int]
         lib.block_attention.restype = None
     lib.bind_threads.argtypes = [p, ctypes.c_int]
@@ -594,12 +675,13 @@ def block_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: 
     the cache slots `slots` ([L] int64); row r sees keys 0..last_key[r] (int64 [m]; None: all of them)."""
     lib = load()
     assert lib is not None
+    qb = q.contiguous() if q.dtype == torch.bfloat16 and kc.dtype == torch.bfloat16 else None   # pair dot products
     q = q.float().contiguous()
     m, hq, d = q.shape
     out = torch.empty_like(q)
     lse = torch.empty(m, hq) if with_lse else None
     slots = slots.contiguous()
-    lib.block_attention(q.data_ptr(), out.data_ptr(), lse.data_ptr() if lse is not None else None, kc.data_ptr(),
+    lib.block_attention(q.data_ptr(), qb.data_ptr() if qb is not None else None, out.data_ptr(), lse.data_ptr() if lse is not None else None, kc.data_ptr(),
                         vc.data_ptr(), int(kc.dtype == torch.bfloat16), slots.data_ptr(), slots.numel(),
                         last_key.data_ptr() if last_key is not None else None, m, hq, kc.shape[1], d, scale,
                         torch.get_num_threads())
