@@ -13,7 +13,7 @@ import torch
 from modelcall.core import ConfigError, KernelConfig, SchedulePlan, StepOutput
 from modelcall.core.plan import kv_groups
 from modelcall.core.stages import Sampler
-from modelcall.plugins.runner import attention, cpu_kernel, cuda_graphs
+from modelcall.plugins.runner import attention, cpu_kernel, cuda_graphs, lean
 from modelcall.plugins.runner.batch import StepBatch, build_step
 from modelcall.plugins.runner.loader import (
     build_spec, check_model_dir, resolve_placement, unsupported_features,
@@ -79,6 +79,10 @@ class TorchModelRunner:
         for gi, g in enumerate(self.groups):
             for m, layer in enumerate(g.layers):
                 self.layer_group[layer], self.layer_member[layer] = gi, m
+        # modelcall's own decoder loop (plugins/runner/lean.py) for Llama-like families on CPU; None: the HF modules
+        self.lean: lean.LeanStack | None = None
+        if self.attention_backend is None and not self.graph_mode:
+            self.lean = lean.build(model, self.base, hf_config, self.spec.layer_windows, runner_cfg.get("lean", "auto"))
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_size = 0
         self._cpus = cpu_binding(config) if p.device.type == "cpu" else []
@@ -244,6 +248,8 @@ class TorchModelRunner:
             v.index_copy_(0, dst, v.index_select(0, src))
 
     def _forward(self, step: StepBatch) -> torch.Tensor:
+        if self.lean is not None:
+            return self.lean.forward(step)
         out = self.base(input_ids=step.input_ids, position_ids=step.positions, use_cache=False,
                         modelcall_step=step)
         return out.last_hidden_state[0]

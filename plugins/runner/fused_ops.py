@@ -1,0 +1,179 @@
+"""Fused elementwise ops of a Llama-like decoder layer on CPU, as one small C library called through ctypes.
+
+Each replaces a run of small torch ops (one dispatch and one pass over memory each) by one call and one pass:
+
+    add_rmsnorm   h += x; out = w * norm(h)        HF: residual add, then RMSNorm's 7 ops (fp32 round trip)
+    rope          q, k of the packed QKV rows       HF: per layer 2 x (mul, slice, neg, cat, mul, add), + q/k norm
+                  rotated in place from a cos/sin
+                  table row per token position
+    silu_mul      out = silu(gate) * up             HF: silu, mul
+
+The arithmetic is transformers': fp32 math, rounded to the activation dtype wherever the HF module rounds
+(bf16: after the residual add, the normalized value before the weight, each rotary product and their sum,
+silu before the product), so bf16 results equal HF's bit for bit except where a sum's order differs (the
+RMSNorm variance). Rows run in parallel only when large (prefill): at decode sizes a parallel region's
+wake-up costs more than the work.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from modelcall.plugins.runner.cbuild import OnceLibrary
+
+SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#include <omp.h>
+
+#define PAR_MIN (1 << 16)   /* elements: below this, rows run on the calling thread */
+
+static inline float bf2f(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline uint16_t f2bf(float f) {   /* round to nearest even, as torch converts */
+    uint32_t u; memcpy(&u, &f, 4); u += 0x7fffu + ((u >> 16) & 1u); return (uint16_t)(u >> 16);
+}
+static inline float ld(const void *p, int64_t i, const int bf) {
+    return bf ? bf2f(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+static inline void st(void *p, int64_t i, float v, const int bf) {
+    if (bf) ((uint16_t *)p)[i] = f2bf(v); else ((float *)p)[i] = v;
+}
+static inline float rnd(float v, const int bf) { return bf ? bf2f(f2bf(v)) : v; }   /* the dtype's rounding */
+
+static inline void norm_row(const float *v, int64_t n, const void *w, float eps, void *out, const int bf) {
+    float ss = 0.f;
+    for (int64_t i = 0; i < n; i++) ss += v[i] * v[i];
+    const float inv = 1.f / sqrtf(ss / (float)n + eps);
+    for (int64_t i = 0; i < n; i++) st(out, i, ld(w, i, bf) * rnd(v[i] * inv, bf), bf);
+}
+
+static inline void add_norm_row(const void *x, void *res, void *out, const void *w, int64_t n, float eps, int has_x,
+                                float *buf, const int bf) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = ld(res, i, bf);
+        if (has_x) { v = rnd(v + ld(x, i, bf), bf); st(res, i, v, bf); }
+        buf[i] = v;
+    }
+    norm_row(buf, n, w, eps, out, bf);
+}
+
+/* res[r] += x[r] (when x is given), then out[r] = w * rmsnorm(res[r]); row strides in elements */
+void add_rmsnorm(const void *x, int64_t xs, void *res, int64_t rs, void *out, int64_t os, const void *w, int64_t rows,
+                 int64_t n, float eps, int bf, int nt) {
+    const int es = bf ? 2 : 4;
+    #pragma omp parallel for num_threads(nt) if (nt > 1 && rows * n >= PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        float buf[n];
+        const void *xr = x ? (const char *)x + r * xs * es : 0;
+        void *rr = (char *)res + r * rs * es, *orow = (char *)out + r * os * es;
+        if (bf) add_norm_row(xr, rr, orow, w, n, eps, x != 0, buf, 1);
+        else add_norm_row(xr, rr, orow, w, n, eps, x != 0, buf, 0);
+    }
+}
+
+static inline void rope_head(char *x, const void *c, const void *s, const void *nw, float eps, int64_t d,
+                             float *v, const int bf) {
+    for (int64_t i = 0; i < d; i++) v[i] = ld(x, i, bf);
+    if (nw) {   /* per-head RMSNorm before the rotation (Qwen3's q_norm / k_norm) */
+        norm_row(v, d, nw, eps, x, bf);
+        for (int64_t i = 0; i < d; i++) v[i] = ld(x, i, bf);
+    }
+    const int64_t h = d / 2;
+    for (int64_t i = 0; i < h; i++) {   /* x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1) */
+        st(x, i, rnd(v[i] * ld(c, i, bf), bf) + rnd(-v[i + h] * ld(s, i, bf), bf), bf);
+        st(x, i + h, rnd(v[i + h] * ld(c, i + h, bf), bf) + rnd(v[i] * ld(s, i + h, bf), bf), bf);
+    }
+}
+
+/* In place on rows of [nq query heads | nk key heads | ...] of d values: optional per-head norm, then rotary
+ * from row pos[r] of the [positions, d] cos/sin tables. */
+void rope(void *qkv, int64_t rows, int64_t rs, int64_t nq, int64_t nk, int64_t d, const int64_t *pos,
+          const void *cos, const void *sin, const void *qw, const void *kw, float eps, int bf, int nt) {
+    const int es = bf ? 2 : 4;
+    #pragma omp parallel for num_threads(nt) if (nt > 1 && rows * (nq + nk) * d >= PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        float v[d];
+        const char *c = (const char *)cos + pos[r] * d * es, *s = (const char *)sin + pos[r] * d * es;
+        for (int64_t hh = 0; hh < nq + nk; hh++) {
+            char *x = (char *)qkv + (r * rs + hh * d) * es;
+            const void *nw = hh < nq ? qw : kw;
+            if (bf) rope_head(x, c, s, nw, eps, d, v, 1);
+            else rope_head(x, c, s, nw, eps, d, v, 0);
+        }
+    }
+}
+
+static inline void silu_mul_row(const void *g, const void *u, void *out, int64_t n, const int bf) {
+    #pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        const float a = ld(g, i, bf);
+        st(out, i, rnd(a / (1.f + expf(-a)), bf) * ld(u, i, bf), bf);
+    }
+}
+
+/* out[r] = silu(g[r]) * u[r] */
+void silu_mul(const void *g, int64_t gs, const void *u, int64_t us, void *out, int64_t os, int64_t rows, int64_t n,
+              int bf, int nt) {
+    const int es = bf ? 2 : 4;
+    #pragma omp parallel for num_threads(nt) if (nt > 1 && rows * n >= PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const void *gr = (const char *)g + r * gs * es, *ur = (const char *)u + r * us * es;
+        void *orow = (char *)out + r * os * es;
+        if (bf) silu_mul_row(gr, ur, orow, n, 1);
+        else silu_mul_row(gr, ur, orow, n, 0);
+    }
+}
+"""
+
+_p, _i64, _f, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.add_rmsnorm.argtypes = [_p, _i64, _p, _i64, _p, _i64, _p, _i64, _i64, _f, _int, _int]
+    lib.rope.argtypes = [_p, _i64, _i64, _i64, _i64, _i64, _p, _p, _p, _p, _p, _f, _int, _int]
+    lib.silu_mul.argtypes = [_p, _i64, _p, _i64, _p, _i64, _i64, _i64, _int, _int]
+    for fn in (lib.add_rmsnorm, lib.rope, lib.silu_mul):
+        fn.restype = None
+
+
+# NOTE: -lmvec: with -ffast-math gcc turns silu's expf loop into calls of glibc's vector expf
+_LIB = OnceLibrary("fused_ops", SOURCE, _declare, "the runner keeps transformers' modules", libs=("-lm", "-lmvec"))
+
+
+def load() -> ctypes.CDLL | None:
+    """The compiled library, or None where it cannot be built (the runner then keeps transformers' modules)."""
+    return _LIB.get()
+
+
+def _bf(t: torch.Tensor) -> int:
+    if t.dtype == torch.bfloat16:
+        return 1
+    if t.dtype == torch.float32:
+        return 0
+    raise TypeError(f"fused ops take bf16 or fp32, not {t.dtype}")
+
+
+def add_rmsnorm(x: torch.Tensor | None, res: torch.Tensor, out: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """res += x (rounded, when x is given), then out = weight * rmsnorm(res): [rows, n] with unit column stride."""
+    rows, n = res.shape
+    _LIB.lib.add_rmsnorm(x.data_ptr() if x is not None else None, x.stride(0) if x is not None else 0, res.data_ptr(),
+                     res.stride(0), out.data_ptr(), out.stride(0), weight.data_ptr(), rows, n, eps, _bf(res),
+                     torch.get_num_threads())
+
+
+def rope(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_q: int, num_k: int,
+         head_dim: int, q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None, eps: float = 0.0) -> None:
+    """Rotate the first num_q + num_k heads of each `qkv` row in place by its position's row of cos/sin
+    ([positions, head_dim], the dtype of qkv), after an optional per-head RMSNorm (weights [head_dim])."""
+    _LIB.lib.rope(qkv.data_ptr(), qkv.shape[0], qkv.stride(0), num_q, num_k, head_dim, positions.data_ptr(),
+              cos.data_ptr(), sin.data_ptr(), q_norm.data_ptr() if q_norm is not None else None,
+              k_norm.data_ptr() if k_norm is not None else None, eps, _bf(qkv), torch.get_num_threads())
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor) -> None:
+    """out = silu(gate) * up, [rows, n] each (row strides free: gate and up may be slices of one GEMM result)."""
+    rows, n = gate.shape
+    _LIB.lib.silu_mul(gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), out.data_ptr(), out.stride(0),
+                  rows, n, _bf(gate), torch.get_num_threads())

@@ -1,0 +1,196 @@
+"""modelcall's own decoder stack for Llama-like families on CPU: the HF model's weights, fewer dispatches.
+
+transformers' decoder layer costs ~45 small torch ops and several nn.Module calls per layer (RMSNorm's fp32
+round trip, rotary's slices and cats, residual adds, dtype casts); at W1's decode step (batch 32, 8 layers)
+that was ~6 ms of a 32.5 ms step. Here one layer is
+
+    x ─ qkv GEMM ─ rope (in place, + q/k norm) ─ paged_attention ─ o GEMM ─┐
+    h ──────────────────────────────────────────────────────── add_rmsnorm ┴─ x ─ gate/up GEMM(s) ─ silu_mul
+      ─ down GEMM ─ add_rmsnorm (h += down; x = next layer's input norm, or the final norm)
+
+with the packed GEMMs of packing.py, the fused ops of fused_ops.py, the cos/sin table built once (rows picked
+per token inside `rope`), and attention through attention.paged_attention exactly as the HF modules call it.
+
+Taken for the families in FAMILIES whose modules have the shapes read below (else transformers' modules run,
+as for every other family). `runner.lean` in the plugin config: "auto" (default: bf16 on CPU), true (fp32
+too: the parity tests), false (never).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from modelcall.plugins.runner import attention, fused_ops, packing
+from modelcall.plugins.runner.batch import StepBatch
+
+log = logging.getLogger("modelcall.runner")
+
+# model_type -> its RMSNorm class name: weight * (x * rsqrt(mean(x^2) + eps)).to(dtype), weight multiplied last
+FAMILIES = {"llama": "LlamaRMSNorm", "mistral": "MistralRMSNorm", "qwen2": "Qwen2RMSNorm", "qwen3": "Qwen3RMSNorm"}
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")   # cos/sin depend on the position only
+
+Linear = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(slots=True)
+class Layer:
+    attn: torch.nn.Module          # the HF attention module: attention.paged_attention reads its layer_idx
+    qkv: Linear                    # x -> [T, (Hq + 2 Hkv) * D]
+    o: Linear
+    gate_up: Linear | None         # one GEMM, gate columns first (else gate and up apart)
+    gate: Linear | None
+    up: Linear | None
+    down: Linear
+    norm1: torch.Tensor            # input_layernorm weight
+    norm2: torch.Tensor            # post_attention_layernorm weight
+    q_norm: torch.Tensor | None    # Qwen3's per-head norms
+    k_norm: torch.Tensor | None
+    scale: float
+    window: int | None
+
+
+def _linear(mod: Any) -> Linear | None:
+    if isinstance(mod, packing.PackedLinear):
+        packed, bias = mod.packed, mod.bias
+        return lambda x: packing.gemm(x, packed, bias)   # module attribute: benchmarks wrap packing.gemm
+    if type(mod) is torch.nn.Linear:
+        weight, bias = mod.weight, mod.bias
+        return lambda x: F.linear(x, weight, bias)
+    return None
+
+
+def _fused(parts: list[Any]) -> Linear | None:
+    """One GEMM for sibling linears: their packing.FusedLinears when they are its parts in order, else (plain
+    nn.Linear, fp32) their weights concatenated."""
+    if all(isinstance(p, packing.FusedPart) for p in parts):
+        fused = parts[0].fused
+        if all(p.fused is fused and p.index == i for i, p in enumerate(parts)) and len(fused.bounds) == len(parts):
+            packed, bias = fused.packed, fused.bias
+            return lambda x: packing.gemm(x, packed, bias)
+        return None
+    if all(type(p) is torch.nn.Linear for p in parts) and len({p.bias is None for p in parts}) == 1:
+        weight = torch.cat([p.weight for p in parts])
+        bias = torch.cat([p.bias for p in parts]) if parts[0].bias is not None else None
+        return lambda x: F.linear(x, weight, bias)
+    return None
+
+
+class LeanStack:
+    """The decoder of a Llama-like model as one loop over its layers (see the module docstring)."""
+
+    def __init__(self, base: torch.nn.Module, layers: list[Layer], eps: float, heads: tuple[int, int, int]) -> None:
+        self.embed = base.embed_tokens.weight
+        self.rotary = base.rotary_emb
+        self.final_norm = base.norm.weight
+        self.layers = layers
+        self.eps = eps
+        self.num_q, self.num_kv, self.head_dim = heads
+        self.cos = self.sin = self.embed.new_empty(0, self.head_dim)
+
+    def _rope_table(self, positions: int) -> None:
+        """cos/sin rows for positions 0..n-1 (n a power of two >= `positions`), as the HF rotary module
+        computes them for a forward (per position, in the model's dtype)."""
+        n = 1 << max(positions - 1, 1).bit_length()
+        ids = torch.arange(n, device=self.embed.device).unsqueeze(0)
+        cos, sin = self.rotary(self.embed[:1].unsqueeze(0), position_ids=ids)
+        self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()
+
+    def forward(self, step: StepBatch) -> torch.Tensor:
+        """The final-normed hidden states [T, hidden] of `step` (its K/V written), as the HF model's forward."""
+        ids, pos = step.input_ids[0], step.positions[0]
+        top = int(pos.max()) + 1
+        if top > self.cos.shape[0]:
+            self._rope_table(top)
+        h = F.embedding(ids, self.embed)                      # the residual stream, updated in place
+        tokens = h.shape[0]
+        x = torch.empty_like(h)
+        eps, nq, nkv, d = self.eps, self.num_q, self.num_kv, self.head_dim
+        fused_ops.add_rmsnorm(None, h, x, self.layers[0].norm1, eps)
+        last = len(self.layers) - 1
+        for i, L in enumerate(self.layers):
+            qkv = L.qkv(x)
+            fused_ops.rope(qkv, pos, self.cos, self.sin, nq, nkv, d, L.q_norm, L.k_norm, eps)
+            q = qkv[:, :nq * d].view(tokens, nq, d).transpose(0, 1).unsqueeze(0)           # [1, Hq, T, D] views
+            k = qkv[:, nq * d:(nq + nkv) * d].view(tokens, nkv, d).transpose(0, 1).unsqueeze(0)
+            v = qkv[:, (nq + nkv) * d:].view(tokens, nkv, d).transpose(0, 1).unsqueeze(0)
+            o, _ = attention.paged_attention(L.attn, q, k, v, None, scaling=L.scale, sliding_window=L.window,
+                                             modelcall_step=step)
+            fused_ops.add_rmsnorm(L.o(o.reshape(tokens, nq * d)), h, x, L.norm2, eps)
+            if L.gate_up is not None:
+                y = L.gate_up(x)
+                width = y.shape[1] // 2
+                gate, up = y[:, :width], y[:, width:]
+            else:
+                gate, up = L.gate(x), L.up(x)
+            act = gate.new_empty(gate.shape)
+            fused_ops.silu_mul(gate, up, act)
+            fused_ops.add_rmsnorm(L.down(act), h, x, self.final_norm if i == last else self.layers[i + 1].norm1, eps)
+        return x
+
+
+def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows: tuple[int, ...],
+          mode: Any = "auto") -> LeanStack | None:
+    """The lean stack for `model` when `mode` and the model allow it, else None (transformers' modules run)."""
+    if mode in (False, "off", "false") or fused_ops.load() is None:
+        return None
+    dtype, device = base.embed_tokens.weight.dtype, base.embed_tokens.weight.device
+    if device.type != "cpu" or (mode == "auto" and dtype != torch.bfloat16) or dtype not in (torch.bfloat16, torch.float32):
+        return None
+    why = _unsupported(base, hf_config)
+    if why:
+        log.info("lean decoder not used for %s: %s", type(model).__name__, why)
+        return None
+    layers = []
+    for i, layer in enumerate(base.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj])
+        gate_up = _fused([mlp.gate_proj, mlp.up_proj]) if isinstance(mlp.gate_proj, packing.FusedPart) else None
+        gate, up = (None, None) if gate_up is not None else (_linear(mlp.gate_proj), _linear(mlp.up_proj))
+        o, down = _linear(attn.o_proj), _linear(mlp.down_proj)
+        if qkv is None or o is None or down is None or (gate_up is None and (gate is None or up is None)):
+            log.info("lean decoder not used: layer %d's linears are not packed the expected way", i)
+            return None
+        qn, kn = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        layers.append(Layer(attn, qkv, o, gate_up, gate, up, down, layer.input_layernorm.weight,
+                            layer.post_attention_layernorm.weight, qn.weight if qn is not None else None,
+                            kn.weight if kn is not None else None, float(attn.scaling), windows[i] or None))
+    d = layers[0].attn.head_dim
+    stack = LeanStack(base, layers, float(base.norm.variance_epsilon),
+                      (int(hf_config.num_attention_heads), int(hf_config.num_key_value_heads), int(d)))
+    log.info("lean decoder stack: %d %s layers (%s)", len(layers), hf_config.model_type, dtype)
+    return stack
+
+
+def _unsupported(base: torch.nn.Module, hf_config: Any) -> str | None:
+    norm_cls = FAMILIES.get(getattr(hf_config, "model_type", ""))
+    if norm_cls is None:
+        return f"model_type {getattr(hf_config, 'model_type', None)!r} is not one of {sorted(FAMILIES)}"
+    if getattr(hf_config, "hidden_act", "silu") != "silu":
+        return f"activation {hf_config.hidden_act}"
+    rope = getattr(hf_config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") not in STATIC_ROPE:
+        return f"rope type {rope.get('rope_type')} (cos/sin depend on more than the position)"
+    if not all(hasattr(base, n) for n in ("embed_tokens", "rotary_emb", "norm", "layers")):
+        return "not the embed/rotary/layers/norm model layout"
+    eps = {float(base.norm.variance_epsilon)}
+    dtype = base.embed_tokens.weight.dtype
+    for layer in base.layers:
+        attn = layer.self_attn
+        norms = [layer.input_layernorm, layer.post_attention_layernorm, base.norm]
+        norms += [n for n in (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)) if n is not None]
+        if any(type(n).__name__ != norm_cls or n.weight.dtype != dtype for n in norms):
+            return "a norm of another kind or dtype"
+        eps |= {float(n.variance_epsilon) for n in norms}
+        if (getattr(attn, "q_norm", None) is None) != (getattr(attn, "k_norm", None) is None):
+            return "q_norm without k_norm"
+        if set(dict(layer.named_children())) - {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}:
+            return f"a layer with more parts: {sorted(dict(layer.named_children()))}"
+        if set(dict(layer.mlp.named_children())) - {"gate_proj", "up_proj", "down_proj", "act_fn"}:
+            return "an MLP of another kind (experts?)"
+    if len(eps) != 1:
+        return "norms with different eps"
+    return None

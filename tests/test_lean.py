@@ -1,0 +1,138 @@
+"""The lean decoder stack (plugins/runner/lean.py) computes what transformers' modules compute: fp32 logits of
+ragged mixed steps within 1e-4 of transformers' forward, bf16 logits equal to the HF-module runner's up to the
+RMSNorm sums' order; it is the path taken for bf16 Llama-like models on CPU and never for other families."""
+from __future__ import annotations
+
+import random
+import tempfile
+
+import pytest
+import torch
+
+from family_models import build_family
+from test_runner import Blocks, drive_ragged_steps, make_runner
+
+from modelcall.core import Request, SamplingParams, ScheduledChunk, SchedulePlan
+from modelcall.plugins.runner import fused_ops, lean
+
+pytestmark = pytest.mark.skipif(fused_ops.load() is None, reason="no C compiler here")
+LEAN_FAMILIES = ["llama3", "qwen2", "qwen3", "mistral_window"]
+
+
+@pytest.fixture(scope="module")
+def family_dirs(demo_model_dir):
+    root = tempfile.mkdtemp()
+    dirs = {name: build_family(name, f"{root}/{name}", demo_model_dir) for name in LEAN_FAMILIES}
+    dirs["demo"] = demo_model_dir
+    return dirs
+
+
+def no_hf_layers(runner, monkeypatch) -> None:
+    """Make the runner's transformers model and decoder layers raise if the runner still calls them."""
+    def refuse(*a, **k):
+        raise AssertionError("the HF decoder ran")
+    for mod in (runner.base, *runner.base.layers):
+        monkeypatch.setattr(mod, "forward", refuse)
+
+
+@pytest.mark.parametrize("name", [*LEAN_FAMILIES, "demo"])
+def test_lean_stack_fp32_matches_transformers_on_ragged_batches(name, family_dirs, monkeypatch):
+    from transformers import AutoModelForCausalLM
+    model_dir = family_dirs[name]
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval()
+    runner = make_runner(model_dir, plugin_config={"runner": {"lean": True}})
+    assert isinstance(runner.lean, lean.LeanStack)
+    no_hf_layers(runner, monkeypatch)
+    assert drive_ragged_steps(runner, hf, seed=5) < 1e-4, name
+
+
+def lockstep_logits(runners: list, seed: int) -> list[list[torch.Tensor]]:
+    """The same random mixed steps (prefill chunks, whole prompts, decodes) through each runner: per step, each
+    runner's logits."""
+    rng = random.Random(seed)
+    vocab = runners[0].spec.vocab_size
+    blocks = Blocks(rng)
+    reqs = [Request(f"r{i}", [rng.randrange(10, vocab) for _ in range(n)], SamplingParams(temperature=0),
+                    max_tokens=16) for i, n in enumerate([1, 4, 13, 17, 33, 40])]
+    out = []
+    for _ in range(8):
+        chunks = []
+        for req in reqs:
+            n = min(req.num_tokens - req.num_computed_tokens, rng.choice([1, 3, 8, 64]))
+            blocks.grow(req, n)
+            chunks.append(ScheduledChunk(req, n, req.num_computed_tokens + n == req.num_tokens))
+        rng.shuffle(chunks)
+        plan = SchedulePlan(chunks=chunks)
+        out.append([r.compute_logits(plan).float() for r in runners])
+        for c in chunks:
+            c.request.num_computed_tokens += c.num_new_tokens
+            if c.sample:
+                c.request.all_token_ids.append(rng.randrange(10, vocab))
+    return out
+
+
+@pytest.mark.parametrize("name,threads", [("llama3", 1), ("qwen3", 2), ("demo", 1)])
+def test_lean_stack_bf16_equals_the_hf_module_runner(name, threads, family_dirs, monkeypatch):
+    """bf16 on CPU takes the lean stack by default (packed GEMMs; gate/up fused on two threads) and gives the
+    HF-module runner's logits: the fused ops round where the modules round, only the norms' sums differ in order."""
+    model_dir = family_dirs[name]
+    hf_modules = make_runner(model_dir, dtype="bfloat16", threads=threads, plugin_config={"runner": {"lean": False}})
+    lean_runner = make_runner(model_dir, dtype="bfloat16", threads=threads)
+    assert hf_modules.lean is None and isinstance(lean_runner.lean, lean.LeanStack)
+    assert (lean_runner.lean.layers[0].gate_up is not None) == (threads > 1)
+    steps = lockstep_logits([hf_modules, lean_runner], seed=7)
+    worst = max(((a - b).abs().max() / a.abs().max().clamp(min=1.0)).item() for a, b in steps)
+    agree = sum(int((a.argmax(-1) == b.argmax(-1)).sum()) for a, b in steps)
+    rows = sum(a.shape[0] for a, _ in steps)
+    assert worst < 3e-2, worst           # a few bf16 ulps of the logits' scale
+    assert agree >= 0.95 * rows, (agree, rows)
+    torch.set_num_threads(1)
+
+
+def test_lean_is_not_taken_in_fp32_by_default_nor_for_other_families(family_dirs, demo_model_dir):
+    assert make_runner(family_dirs["demo"]).lean is None   # fp32, "auto": transformers' modules (exactness)
+    root = tempfile.mkdtemp()
+    for name in ("gemma2", "phi3", "granite", "qwen3_moe"):
+        model_dir = build_family(name, f"{root}/{name}", demo_model_dir)
+        assert make_runner(model_dir, dtype="bfloat16", plugin_config={"runner": {"lean": True}}).lean is None, name
+
+
+def bf16(*shape, gen) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen).to(torch.bfloat16)
+
+
+def test_fused_ops_round_where_transformers_modules_round():
+    """bf16: rotary (with Qwen3's per-head norms) and silu*up equal the HF modules' ops bit for bit; the residual
+    add too; the RMSNorm output within one bf16 ulp (its variance is summed in another order)."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
+    gen = torch.Generator().manual_seed(0)
+    rows, hq, hkv, d = 37, 4, 2, 32
+    qkv = bf16(rows, (hq + 2 * hkv) * d, gen=gen)
+    pos = torch.randint(0, 100, (rows,), generator=gen)
+    cos, sin = bf16(100, d, gen=gen), bf16(100, d, gen=gen)
+    qn, kn = LlamaRMSNorm(d, 1e-6).to(torch.bfloat16), LlamaRMSNorm(d, 1e-6).to(torch.bfloat16)
+    qn.weight.data, kn.weight.data = bf16(d, gen=gen), bf16(d, gen=gen)
+    with torch.inference_mode():
+        q = qn(qkv[:, :hq * d].view(1, rows, hq, d)).transpose(1, 2)
+        k = kn(qkv[:, hq * d:(hq + hkv) * d].view(1, rows, hkv, d)).transpose(1, 2)
+        ref_q, ref_k = apply_rotary_pos_emb(q, k, cos[pos][None], sin[pos][None])
+        got = qkv.clone()
+        fused_ops.rope(got, pos, cos, sin, hq, hkv, d, qn.weight, kn.weight, 1e-6)
+        assert torch.equal(got[:, :hq * d].view(rows, hq, d), ref_q[0].transpose(0, 1))
+        assert torch.equal(got[:, hq * d:(hq + hkv) * d].view(rows, hkv, d), ref_k[0].transpose(0, 1))
+        assert torch.equal(got[:, (hq + hkv) * d:], qkv[:, (hq + hkv) * d:])   # V untouched
+
+        y = bf16(rows, 2 * 96, gen=gen)
+        act = torch.empty(rows, 96, dtype=torch.bfloat16)
+        fused_ops.silu_mul(y[:, :96], y[:, 96:], act)   # strided halves of one GEMM result
+        assert torch.equal(act, torch.nn.functional.silu(y[:, :96]) * y[:, 96:])
+
+        norm = LlamaRMSNorm(96, 1e-5).to(torch.bfloat16)
+        norm.weight.data = bf16(96, gen=gen)
+        h, x = bf16(rows, 96, gen=gen), bf16(rows, 96, gen=gen)
+        res, out = h.clone(), torch.empty_like(h)
+        fused_ops.add_rmsnorm(x, res, out, norm.weight, 1e-5)
+        assert torch.equal(res, h + x)
+        ref = norm(h + x)
+        ulp = ref.float().abs() * 2 ** -7
+        assert ((out.float() - ref.float()).abs() <= ulp + 1e-30).all()
