@@ -25,10 +25,15 @@ class ContextOverflow(InvalidRequest):
         self.prompt_tokens, self.max_tokens, self.window = prompt_tokens, max_tokens, window
         self.breakdown = breakdown or {}
         detail = "".join(f", {k}: {v}" for k, v in self.breakdown.items())
+        # NOTE: clients classify an overflow by the message, not every one reads the error code: the first sentence is
+        # OpenAI's (and vLLM's) wording (LiteLLM's ContextWindowExceededError, pydantic-ai), and the code's name is in
+        # the text (LangChain looks for it there; the openai SDK's exception text is the message alone).
         super().__init__(
-            f"context window is {window} tokens; the prompt has {prompt_tokens} tokens{detail} and "
-            f"{max_tokens} output tokens were requested ({prompt_tokens + max_tokens} > {window}). "
-            "Shorten the prompt or lower max_tokens.", field="messages")
+            f"This model's maximum context length is {window} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the completion). "
+            f"The context window is {window} tokens; the prompt has {prompt_tokens} tokens{detail} and "
+            f"{max_tokens} output tokens were requested. Shorten the prompt or lower max_tokens "
+            "(context_length_exceeded).", field="messages")
 
 
 class ContentBlocked(InvalidRequest):

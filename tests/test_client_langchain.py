@@ -13,6 +13,7 @@ from http_server import ServerThread
 from pydantic import BaseModel, Field
 
 langchain_openai = pytest.importorskip("langchain_openai", reason="langchain-openai is in the test extra")
+from langchain_core.exceptions import ContextOverflowError  # noqa: E402
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, SystemMessage, ToolMessage  # noqa: E402
 from langchain_core.tools import tool  # noqa: E402
 
@@ -145,8 +146,9 @@ def test_bad_requests_raise_the_sdk_4xx_errors(server):
         langchain_openai.ChatOpenAI(model="no-such-model", base_url=server.base_url + "/v1", api_key="unused",
                                     max_retries=0).invoke("hi")
     assert e.value.status_code == 404
-    with pytest.raises(openai.BadRequestError) as e:
+    with pytest.raises(ContextOverflowError) as e:  # LangChain's own class (a BadRequestError too)
         chat(server, max_tokens=100_000).invoke(QUESTION)  # over the 1024-token window
+    assert isinstance(e.value, openai.BadRequestError)
     assert e.value.status_code == 400 and e.value.code == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError) as e:
         chat(server, extra_body={"top_k": "many"}).invoke(QUESTION)

@@ -26,12 +26,16 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.retry_after = retry_after
+        self.anthropic_message: str | None = None  # where Anthropic words the same error its own way
 
     @classmethod
     def from_kernel(cls, e: ModelcallError) -> ApiError:
         code = getattr(e, "code", None) or ("context_length_exceeded" if isinstance(e, ContextOverflow) else None)
-        return cls(e.status, str(e), error_type=e.error_type, param=getattr(e, "field", None), code=code,
-                   retry_after=getattr(e, "retry_after", None))
+        err = cls(e.status, str(e), error_type=e.error_type, param=getattr(e, "field", None), code=code,
+                  retry_after=getattr(e, "retry_after", None))
+        if isinstance(e, ContextOverflow):
+            err.anthropic_message = anthropic_overflow(e)
+        return err
 
     @classmethod
     def from_decode(cls, e: msgspec.DecodeError | msgspec.ValidationError) -> ApiError:
@@ -48,7 +52,20 @@ def openai_body(e: ApiError) -> dict:
 
 
 def anthropic_body(e: ApiError) -> dict:
-    return {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(e.status, e.error_type), "message": e.message}}
+    return {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(e.status, e.error_type),
+                                       "message": e.anthropic_message or e.message}}
+
+
+def anthropic_overflow(e: ContextOverflow) -> str:
+    """Anthropic's two wordings of an overflow: clients (LiteLLM's anthropic provider, Claude Code) classify
+    it by "prompt is too long" / "exceed context limit", as they do with Anthropic's API."""
+    parts = "".join(f", {k}: {v}" for k, v in e.breakdown.items())
+    if e.prompt_tokens >= e.window:
+        head = f"prompt is too long: {e.prompt_tokens} tokens > {e.window} maximum"
+    else:
+        head = (f"input length and `max_tokens` exceed context limit: {e.prompt_tokens} + {e.max_tokens} > "
+                f"{e.window}, decrease input length or `max_tokens` and try again")
+    return head + (f" (prompt tokens by part{parts})" if parts else "")
 
 
 def is_anthropic(path: str) -> bool:
