@@ -417,7 +417,14 @@ void block_attention(const float *q, const uint16_t *qb, float *out, float *lse,
             for (int64_t jp = 0; jp < kp; jp++) {
                 const uint16_t *v0 = (const uint16_t *)vc + (sl[2 * jp] * hkv + h) * d;
                 const uint16_t *v1 = 2 * jp + 1 < len ? (const uint16_t *)vc + (sl[2 * jp + 1] * hkv + h) * d : NULL;
-                for (int64_t e = 0; e < d; e++) vp[jp * d + e] = (uint32_t)v0[e] | (v1 ? (uint32_t)v1[e] << 16 : 0u);
+                int64_t e = 0;
+                for (; e + 16 <= d; e += 16) {
+                    const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v0 + e)));
+                    const __m512i hi = v1 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v1 + e)))
+                                          : _mm512_setzero_si512();
+                    _mm512_storeu_si512((void *)(vp + jp * d + e), _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+                }
+                for (; e < d; e++) vp[jp * d + e] = (uint32_t)v0[e] | (v1 ? (uint32_t)v1[e] << 16 : 0u);
             }
 #else
         const int pairs = 0;
