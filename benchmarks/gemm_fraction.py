@@ -2,6 +2,7 @@
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/gemm_fraction.py [--threads 1] [--profile-steps 6]
         [--model DIR --dataset W1.jsonl]   (default: builds ../shared/bench's w1 model)
+        [--runner-config '{"lean": false}']  (runner plugin settings: e.g. transformers' modules instead of the lean stack)
 
 W1 runs through the kernel (32 requests, 128 new tokens, greedy, pinned threads). In every decode step with all
 32 requests in the batch, each packed GEMM (packing.gemm: q/k/v, o, gate/up, down, lm_head) and each attention
@@ -45,6 +46,17 @@ class Clock:
             self.wall += time.perf_counter() - t0
             self.cpu += time.thread_time() - c0
 
+    def wrap(self, fn):
+        """`fn` timed on this clock (several functions can share one)."""
+        def timed(*a, **kw):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.wall += time.perf_counter() - t0
+                self.cpu += time.thread_time() - c0
+        return timed
+
     def take(self) -> tuple[float, float]:
         out = (self.wall, self.cpu)
         self.wall = self.cpu = 0.0
@@ -61,7 +73,7 @@ class StepProbe:
     """Wraps runner.execute: per full-batch decode step, the step's and its GEMMs' and attention's time."""
 
     def __init__(self, runner, batch: int, skip: int, profile_steps: int) -> None:
-        from modelcall.plugins.runner import attention, cpu_kernel, packing
+        from modelcall.plugins.runner import attention, cpu_kernel, fused_ops, packing
         from modelcall.plugins.runner import runner as runner_mod
 
         self.inner, self.batch, self.skip, self.left = runner.execute, batch, skip, profile_steps
@@ -70,6 +82,9 @@ class StepProbe:
         self.chunk = attention._chunk_attention = Clock(attention._chunk_attention)
         self.build = runner_mod.build_step = Clock(runner_mod.build_step)   # the step's tensors from the plan
         self.sample = Clock(runner.sampler.sample)
+        self.fused = Clock(None)   # the lean stack's fused ops (add_rmsnorm, rope, silu_mul), one clock for the three
+        for name in ("add_rmsnorm", "rope", "silu_mul"):
+            setattr(fused_ops, name, self.fused.wrap(getattr(fused_ops, name)))
         runner.sampler.sample = self.sample
         self.rows: list[dict[str, float]] = []
         self.prof_gemm = self.prof_ops = 0.0
@@ -93,17 +108,18 @@ class StepProbe:
                 self.prof_ops += ev.self_cpu_time_total / 1e6
                 if ev.key in GEMM_OPS:
                     self.prof_gemm += ev.self_cpu_time_total / 1e6
-            self.gemm.take(), self.attn.take(), self.chunk.take(), self.build.take(), self.sample.take()
+            self.gemm.take(), self.attn.take(), self.chunk.take(), self.build.take(), self.sample.take(), self.fused.take()
             self.rows.append({})
             return out
-        self.gemm.take(), self.attn.take(), self.chunk.take(), self.build.take(), self.sample.take()
+        self.gemm.take(), self.attn.take(), self.chunk.take(), self.build.take(), self.sample.take(), self.fused.take()
         t0, c0 = time.perf_counter(), time.thread_time()
         out = self.inner(plan)
         wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
         (gw, gc), (aw, ac), (cw, cc) = self.gemm.take(), self.attn.take(), self.chunk.take()
-        (bw, bc), (sw, sc) = self.build.take(), self.sample.take()
+        (bw, bc), (sw, sc), (fw, fc) = self.build.take(), self.sample.take(), self.fused.take()
         self.rows.append({"wall": wall, "cpu": cpu, "gemm_wall": gw, "gemm_cpu": gc, "attn_wall": aw + cw,
-                          "attn_cpu": ac + cc, "build_wall": bw, "build_cpu": bc, "sample_wall": sw, "sample_cpu": sc})
+                          "attn_cpu": ac + cc, "build_wall": bw, "build_cpu": bc, "sample_wall": sw, "sample_cpu": sc,
+                          "fused_wall": fw, "fused_cpu": fc})
         return out
 
 
@@ -115,7 +131,7 @@ async def run(args) -> None:
     with open(args.dataset) as f:
         rows = [json.loads(line) for line in f if line.strip()][:args.batch]
     cfg = KernelConfig(model=args.model, threads=args.threads, max_num_seqs=args.batch,
-                       plugin_config={"runner": {"cpu_bind": "auto"}})
+                       plugin_config={"runner": {"cpu_bind": "auto", **json.loads(args.runner_config)}})
     async with Kernel(cfg) as kernel:
         async def w1() -> None:
             async with anyio.create_task_group() as tg:
@@ -128,6 +144,7 @@ async def run(args) -> None:
         kernel.runner.execute = probe
         kernel.kv.reset_prefix_cache()
         await w1()
+        kernel_lean = getattr(kernel.runner, "lean", None) is not None
     rows = [r for r in probe.rows if r]
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     frac = {k: statistics.median(r[k] / r[k.split("_")[1]] for r in rows) for k in rows[0] if "_" in k}
@@ -137,6 +154,9 @@ async def run(args) -> None:
     print(f"  attention   {med['attn_wall'] * 1e3:7.2f} ms wall  {med['attn_cpu'] * 1e3:7.2f} ms CPU")
     print(f"  build_step  {med['build_wall'] * 1e3:7.2f} ms wall  {med['build_cpu'] * 1e3:7.2f} ms CPU")
     print(f"  sampler     {med['sample_wall'] * 1e3:7.2f} ms wall  {med['sample_cpu'] * 1e3:7.2f} ms CPU")
+    print(f"  fused ops   {med['fused_wall'] * 1e3:7.2f} ms wall  {med['fused_cpu'] * 1e3:7.2f} ms CPU (lean stack)")
+    rest = med['cpu'] - sum(med[k + '_cpu'] for k in ('gemm', 'attn', 'build', 'sample', 'fused'))
+    print(f"  the rest    {rest * 1e3:7.2f} ms CPU (Python, small ops, HF modules)   lean stack: {kernel_lean}")
     print(f"GEMM fraction of the decode step (wall): {frac['gemm_wall']:.3f}")
     print(f"GEMM fraction of the decode step (CPU time; read this one with 1 thread): {frac['gemm_cpu']:.3f}")
     print(f"attention fraction (wall): {frac['attn_wall']:.3f}, (CPU): {frac['attn_cpu']:.3f}")
@@ -156,6 +176,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--model")
     ap.add_argument("--dataset")
+    ap.add_argument("--runner-config", default="{}", help="JSON merged into the runner plugin's settings")
     args = ap.parse_args()
     if not args.model:
         args.model, args.dataset = reference_model(tempfile.mkdtemp())

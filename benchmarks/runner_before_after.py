@@ -5,6 +5,8 @@ runs alternating (A B A B ...), so machine noise hits both alike. Prints each me
         [--threads 1] [--model DIR --dataset W1.jsonl]   (default: builds ../shared/bench's w1 model)
         [--prompt-len 1920 --requests 4 --new-tokens 16]    (instead of the dataset: seeded random prompts of
                                                              that length, fresh ones every run; W3-like)
+        [--base worktree --base-runner-config '{"lean": false}']  (both sides today's runner, the base with other
+                                                             runner settings: one switch A/B)
 
 On a shared machine the wall figures swing with the neighbours' load; tokens per process CPU-second
 are printed too (threads waiting for a core cost wall time, not CPU time).
@@ -51,11 +53,17 @@ def install_base_runner(commit: str, into: str) -> None:
 class BaseRunnerPlugin:
     modelcall_plugin_name = "base-runner"
 
+    def __init__(self, worktree: bool) -> None:
+        self.worktree = worktree
+
     @hookimpl(tryfirst=True)
     def provide_model_runner(self, config, model_dir, sampler):
         if config.runner != "base":
             return None
-        from mc_base_runner.runner import TorchModelRunner
+        if self.worktree:
+            from modelcall.plugins.runner.runner import TorchModelRunner
+        else:
+            from mc_base_runner.runner import TorchModelRunner
         return TorchModelRunner(config, model_dir, sampler)
 
 
@@ -85,13 +93,17 @@ async def main() -> None:
     ap.add_argument("--prompt-len", type=int)
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--base-runner-config", default="{}", help="JSON: the base side's runner plugin settings")
+    ap.add_argument("--runner-config", default="{}", help="JSON: today's side's runner plugin settings")
     args = ap.parse_args()
     scratch = tempfile.mkdtemp()
     if not args.model:
         subprocess.run([sys.executable, os.path.join(REPO, "..", "shared", "bench", "make_reference_model.py"),
                         scratch, "--size", "w1"], check=True, capture_output=True)
         args.model, args.dataset = os.path.join(scratch, "model"), os.path.join(scratch, "w1.jsonl")
-    install_base_runner(args.base, scratch)
+    worktree = args.base == "worktree"
+    if not worktree:
+        install_base_runner(args.base, scratch)
     with open(args.dataset) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     if args.prompt_len:
@@ -109,9 +121,10 @@ async def main() -> None:
     kernels = {}
     async with contextlib.AsyncExitStack() as stack:
         for name in ("base", "torch"):
+            extra = json.loads(args.base_runner_config if name == "base" else args.runner_config)
             cfg = KernelConfig(model=args.model, runner=name, threads=args.threads, kv_cache_memory_gb=2.0,
-                               plugin_config={"runner": {"cpu_bind": "auto"}})
-            kernels[name] = await stack.enter_async_context(Kernel(cfg, plugins=[BaseRunnerPlugin()]))
+                               plugin_config={"runner": {"cpu_bind": "auto", **extra}})
+            kernels[name] = await stack.enter_async_context(Kernel(cfg, plugins=[BaseRunnerPlugin(worktree)]))
             await w1_once(kernels[name], fresh_rows(0))   # warm-up (kernel build, oneDNN packing, caches)
         for r in range(args.runs):
             for name in ("base", "torch"):
