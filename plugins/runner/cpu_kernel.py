@@ -413,6 +413,11 @@ void block_attention(const float *q, const uint16_t *qb, float *out, float *lse,
          * flash attention does for bf16 (the sums and the softmax stay fp32) */
         const int pairs = qb && bf16 && d % 2 == 0;
         uint32_t *qp = (uint32_t *)qt, *vp = (uint32_t *)vf, *pp = (uint32_t *)(mx + 64);
+        /* more than one tile reads every key again: the head's keys copied next to each other once (kf's room),
+         * so later tiles read them in order from a near cache instead of one 2*d-byte piece per cache row */
+        uint16_t *kh = pairs && mq > 32 ? (uint16_t *)kf : NULL;
+        for (int64_t j = 0; kh && j < len; j++)
+            memcpy(kh + j * d, (const uint16_t *)kc + (sl[j] * hkv + h) * d, sizeof(uint16_t) * (size_t)d);
         if (pairs)   /* V paired along the keys: vp[j/2][e] = V[j][e] | V[j+1][e] << 16 (a zero row past the end) */
             for (int64_t jp = 0; jp < kp; jp++) {
                 const uint16_t *v0 = (const uint16_t *)vc + (sl[2 * jp] * hkv + h) * d;
@@ -465,7 +470,8 @@ void block_attention(const float *q, const uint16_t *qb, float *out, float *lse,
                     const uint32_t *kr[8];
                     const int64_t nk = keys - j0 < 8 ? keys - j0 : 8;
                     for (int64_t k = 0; k < nk; k++)
-                        kr[k] = (const uint32_t *)((const uint16_t *)kc + (sl[j0 + k] * hkv + h) * d);
+                        kr[k] = (const uint32_t *)(kh ? kh + (j0 + k) * d
+                                                      : (const uint16_t *)kc + (sl[j0 + k] * hkv + h) * d);
                     tile8x32_bf16(kr, 1, nk, qp, d / 2, scale, s + j0 * 32);
                 }
             } else
