@@ -399,40 +399,54 @@ void block_attention(const float *q, const uint16_t *qb, float *out, float *lse,
                      int bf16,
                      const int64_t *sl, int64_t len, const int64_t *lim, int64_t m, int64_t hq, int64_t hkv, int64_t d,
                      float scale, int nthreads) {
-    const int64_t g = hq / hkv, mq = m * g;
+    const int64_t g = hq / hkv, mq = m * g, kp = (len + 1) / 2;
+#if defined(__AVX512BF16__)
+    /* bf16 queries over a bf16 cache: both GEMMs on bf16 pairs; P is rounded to bf16 for O = P V, as torch's flash
+     * attention does for bf16 (the sums and the softmax stay fp32). First, in one pass over the cache rows in order
+     * (each slot's K and V rows read whole, front to back), every head's keys next to each other, kall[h][j][d], and
+     * its values paired along the keys, vall[h][j/2][e] = V[j][e] | V[j+1][e] << 16 (a zero row past the end):
+     * reading them head by head from the cache took one 2*d-byte piece of each row per head, about half the time
+     * of a shared-prefix call when the rows came from memory. */
+    const int pairs = qb && bf16 && d % 2 == 0;
+    uint16_t *kall = pairs ? (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(hkv * len * d)) : NULL;
+    uint32_t *vall = pairs ? (uint32_t *)malloc(sizeof(uint32_t) * (size_t)(hkv * kp * d)) : NULL;
+    if (pairs) {
+        #pragma omp parallel for num_threads(nthreads) schedule(static)
+        for (int64_t jp = 0; jp < kp; jp++) {
+            const int64_t j0 = 2 * jp, j1 = 2 * jp + 1;
+            const uint16_t *k0 = (const uint16_t *)kc + sl[j0] * hkv * d, *v0 = (const uint16_t *)vc + sl[j0] * hkv * d;
+            const uint16_t *k1 = j1 < len ? (const uint16_t *)kc + sl[j1] * hkv * d : NULL;
+            const uint16_t *v1 = j1 < len ? (const uint16_t *)vc + sl[j1] * hkv * d : NULL;
+            for (int64_t h = 0; h < hkv; h++) {
+                memcpy(kall + (h * len + j0) * d, k0 + h * d, sizeof(uint16_t) * (size_t)d);
+                if (k1) memcpy(kall + (h * len + j1) * d, k1 + h * d, sizeof(uint16_t) * (size_t)d);
+                uint32_t *vp = vall + (h * kp + jp) * d;
+                int64_t e = 0;
+                for (; e + 16 <= d; e += 16) {
+                    const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v0 + h * d + e)));
+                    const __m512i hi = v1 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v1 + h * d + e)))
+                                          : _mm512_setzero_si512();
+                    _mm512_storeu_si512((void *)(vp + e), _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+                }
+                for (; e < d; e++) vp[e] = (uint32_t)v0[h * d + e] | (v1 ? (uint32_t)v1[h * d + e] << 16 : 0u);
+            }
+        }
+    }
+#else
+    const int pairs = 0;
+#endif
     #pragma omp parallel for num_threads(nthreads) schedule(static, 1)
     for (int64_t h = 0; h < hkv; h++) {
         /* lenp: every buffer below starts 64-byte aligned (the tiles' aligned loads) */
-        const int64_t kp = (len + 1) / 2, lenp = (len + 15) & ~(int64_t)15;
+        const int64_t lenp = (len + 15) & ~(int64_t)15;
         float *kf = (float *)aligned_alloc(64, sizeof(float) * (size_t)(2 * lenp * d + 2 * d * 32 + lenp * 32
                                                                            + lenp * 16 + 64));
         float *vf = kf + lenp * d, *qt = vf + lenp * d, *ot = qt + d * 32, *s = ot + d * 32, *mx = s + lenp * 32;
         float *sum = mx + 32;   /* then pp: P paired along the keys, [kp][32] */
 #if defined(__AVX512BF16__)
-        /* bf16 queries over a bf16 cache: both GEMMs on bf16 pairs; P is rounded to bf16 for O = P V, as torch's
-         * flash attention does for bf16 (the sums and the softmax stay fp32) */
-        const int pairs = qb && bf16 && d % 2 == 0;
-        uint32_t *qp = (uint32_t *)qt, *vp = (uint32_t *)vf, *pp = (uint32_t *)(mx + 64);
-        /* more than one tile reads every key again: the head's keys copied next to each other once (kf's room),
-         * so later tiles read them in order from a near cache instead of one 2*d-byte piece per cache row */
-        uint16_t *kh = pairs && mq > 32 ? (uint16_t *)kf : NULL;
-        for (int64_t j = 0; kh && j < len; j++)
-            memcpy(kh + j * d, (const uint16_t *)kc + (sl[j] * hkv + h) * d, sizeof(uint16_t) * (size_t)d);
-        if (pairs)   /* V paired along the keys: vp[j/2][e] = V[j][e] | V[j+1][e] << 16 (a zero row past the end) */
-            for (int64_t jp = 0; jp < kp; jp++) {
-                const uint16_t *v0 = (const uint16_t *)vc + (sl[2 * jp] * hkv + h) * d;
-                const uint16_t *v1 = 2 * jp + 1 < len ? (const uint16_t *)vc + (sl[2 * jp + 1] * hkv + h) * d : NULL;
-                int64_t e = 0;
-                for (; e + 16 <= d; e += 16) {
-                    const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v0 + e)));
-                    const __m512i hi = v1 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v1 + e)))
-                                          : _mm512_setzero_si512();
-                    _mm512_storeu_si512((void *)(vp + jp * d + e), _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
-                }
-                for (; e < d; e++) vp[jp * d + e] = (uint32_t)v0[e] | (v1 ? (uint32_t)v1[e] << 16 : 0u);
-            }
-#else
-        const int pairs = 0;
+        uint32_t *qp = (uint32_t *)qt, *pp = (uint32_t *)(mx + 64);
+        const uint16_t *kh = pairs ? kall + h * len * d : NULL;
+        const uint32_t *vp = pairs ? vall + h * kp * d : NULL;
 #endif
         for (int64_t j = 0; j < len && !pairs; j++) {
             load_row(kf + j * d, kc, sl[j] * hkv + h, d, bf16);
@@ -470,8 +484,7 @@ void block_attention(const float *q, const uint16_t *qb, float *out, float *lse,
                     const uint32_t *kr[8];
                     const int64_t nk = keys - j0 < 8 ? keys - j0 : 8;
                     for (int64_t k = 0; k < nk; k++)
-                        kr[k] = (const uint32_t *)(kh ? kh + (j0 + k) * d
-                                                      : (const uint16_t *)kc + (sl[j0 + k] * hkv + h) * d);
+                        kr[k] = (const uint32_t *)(kh + (j0 + k) * d);
                     tile8x32_bf16(kr, 1, nk, qp, d / 2, scale, s + j0 * 32);
                 }
             } else
@@ -529,6 +542,8 @@ void block_attention(const float *q, const uint16_t *qb, float *out, float *lse,
         }
         free(kf);
     }
+    free(kall);
+    free(vall);
 }
 #endif
 
