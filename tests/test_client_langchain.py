@@ -34,6 +34,18 @@ class Forecast(BaseModel):
     days: int = Field(ge=1, le=7, description="how many days ahead")
 
 
+class Leg(BaseModel):
+    city: str = Field(max_length=12)
+    days: int = Field(ge=1, le=7)
+
+
+class Trip(BaseModel):
+    """A trip of one or two legs: pydantic writes Leg as `$defs` + `$ref`, as it does any nested model."""
+
+    legs: list[Leg] = Field(min_length=1, max_length=2)
+    unit: Literal["celsius", "fahrenheit"]
+
+
 @tool(args_schema=Forecast)
 def get_weather(city: str, days: int) -> str:
     """The weather forecast for a city, `days` days ahead."""
@@ -139,6 +151,21 @@ def test_structured_output_returns_a_valid_pydantic_object(server, method):
     w = out["parsed"]
     assert isinstance(w, Weather)  # pydantic validated max_length, the enum and the day range
     assert 1 <= w.days <= 7 and len(w.city) <= 12
+
+
+def test_nested_pydantic_models_as_tools(server):
+    """Break checked: a tool whose parameters use `$defs`/`$ref` (any nested pydantic model) got a 400,
+    "failed to compile JSON schema: Pointer '/$defs/Leg' does not exist": the call grammar nested the
+    parameters under "arguments" and left their refs pointing at the document root. One tool among two
+    (the grammar's anyOf) and the only tool (with_structured_output's function calling) are both served."""
+    model = chat(server, max_tokens=160, temperature=1.0, seed=2)
+    msg = model.bind_tools([get_weather, Trip], tool_choice="Trip", parallel_tool_calls=False).invoke("Plan a trip.")
+    (call,) = msg.tool_calls
+    assert call["name"] == "Trip"
+    trip = Trip.model_validate(call["args"])
+    assert 1 <= len(trip.legs) <= 2
+    out = model.with_structured_output(Trip, method="function_calling", include_raw=True).invoke("Plan a trip.")
+    assert out["parsing_error"] is None and isinstance(out["parsed"], Trip)
 
 
 def test_bad_requests_raise_the_sdk_4xx_errors(server):

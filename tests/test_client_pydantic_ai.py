@@ -31,6 +31,17 @@ class Weather(BaseModel):
     days: int = Field(ge=1, le=7)
 
 
+class Leg(BaseModel):
+    city: str = Field(max_length=12)
+    days: int = Field(ge=1, le=7)
+
+
+class Trip(BaseModel):
+    """A trip: a nested model, so its schema has `$defs` and `$ref`."""
+
+    legs: list[Leg] = Field(min_length=1, max_length=2)
+
+
 @pytest.fixture(scope="module")
 def server(demo_model_dir):
     with ServerThread(dtype="float32", max_model_len=1024, num_kv_blocks=256) as s:
@@ -107,6 +118,15 @@ def test_function_tool_agent_runs_the_tool_and_returns_its_output_type(server):
     assert all(isinstance(c["city"], str) and isinstance(c["days"], int) for c in calls)
     assert [p.tool_call_id for p in asked] == [p.tool_call_id for p in returned]
     assert result.usage.requests == len(calls) + 1 and result.usage.tool_calls == len(calls)
+
+
+def test_nested_output_type_through_the_output_tool(server):
+    """Break checked: a nested output type got a 400 ("Pointer '/$defs/Leg' does not exist") before the
+    call grammar rebased the tool schema's refs."""
+    agent = Agent(model(server), output_type=Trip, model_settings=settings(max_tokens=160, temperature=1.0, seed=6))
+    result = agent.run_sync("Plan a trip.")
+    assert isinstance(result.output, Trip) and 1 <= len(result.output.legs) <= 2
+    assert result.usage.requests == 1
 
 
 def test_native_output_uses_response_format_json_schema(server):

@@ -46,14 +46,37 @@ def closed(schema: object) -> object:
     return out
 
 
+_DATA_KEYWORDS = ("const", "enum", "default", "examples")  # values there are data, never schemas
+
+
+def rebased(schema: object, base: str) -> object:
+    """`schema` moved under the JSON pointer `base`: its local `$ref`s ("#/$defs/X", "#") point where
+    they now are. NOTE: pydantic writes nested models as `$defs` + `$ref` relative to the parameters'
+    root, and refs resolve against the whole document, so the combined call schema must rebase them."""
+    if isinstance(schema, list):
+        return [rebased(x, base) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for k, v in schema.items():
+        if k == "$ref" and isinstance(v, str) and v.startswith("#"):
+            out[k] = "#" + base + v[1:]
+        else:
+            out[k] = v if k in _DATA_KEYWORDS else rebased(v, base)
+    return out
+
+
 def call_schema(spec: ConstraintSpec) -> dict:
     """One call as a JSON object: `{name_key: <one of the tools>, args_key: <its arguments>}`."""
     fmt = spec.call_format
     assert fmt is not None
-    variants = [{"type": "object", "properties": {fmt.name_key: {"const": name}, fmt.args_key: closed(params)},
-                 "required": [fmt.name_key, fmt.args_key], "additionalProperties": False}
-                for name, params in spec.tools]
-    schema = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    key = fmt.args_key.replace("~", "~0").replace("/", "~1")
+    many = len(spec.tools) > 1
+    variants = [{"type": "object", "required": [fmt.name_key, fmt.args_key], "additionalProperties": False,
+                 "properties": {fmt.name_key: {"const": name},
+                                fmt.args_key: rebased(closed(params), f"{f'/anyOf/{i}' if many else ''}/properties/{key}")}}
+                for i, (name, params) in enumerate(spec.tools)]
+    schema = {"anyOf": variants} if many else variants[0]
     return {**schema, "x-guidance": JSON_OPTIONS}
 
 
