@@ -135,10 +135,15 @@ class LeanStack:
 def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows: tuple[int, ...],
           mode: Any = "auto") -> LeanStack | None:
     """The lean stack for `model` when `mode` and the model allow it, else None (transformers' modules run)."""
-    if mode in (False, "off", "false") or fused_ops.load() is None:
+    if mode in (False, "off", "false"):
         return None
-    dtype, device = base.embed_tokens.weight.dtype, base.embed_tokens.weight.device
+    embed = getattr(base, "embed_tokens", None)
+    if not isinstance(embed, torch.nn.Embedding):
+        return None
+    dtype, device = embed.weight.dtype, embed.weight.device
     if device.type != "cpu" or (mode == "auto" and dtype != torch.bfloat16) or dtype not in (torch.bfloat16, torch.float32):
+        return None
+    if fused_ops.load() is None:   # built here, not before: fp32 and GPU runners never compile it
         return None
     why = _unsupported(base, hf_config)
     if why:
