@@ -65,11 +65,18 @@ ROWS = [  # two groups on different prefixes (one of them with a short chunk and
 ]
 
 
+@pytest.fixture
+def small_groups(monkeypatch):
+    """Thresholds low enough for these small cases (the defaults are for whether it pays, tested below)."""
+    monkeypatch.setattr(cascade, "MIN_LANES", 4)
+    monkeypatch.setattr(cascade, "MIN_SHARED", 256)
+
+
 @pytest.mark.parametrize("hq,hkv,d", [(8, 8, 64), (8, 2, 64), (4, 1, 32), (6, 3, 48)])
-def test_cascade_equals_row_by_row_attention_fp32(hq, hkv, d):
+def test_cascade_equals_row_by_row_attention_fp32(hq, hkv, d, small_groups):
     q_rows, kc, vc, step = shared_case(ROWS, hq, hkv, d, seed=hq + hkv + d)
     plan = cascade.plan(step.paged_slots, step.paged_ctx_lens, step.paged_q_lens, step.paged_token_seq,
-                        max_queries=attention.LONG_CHUNK)
+                        max_queries=attention.LONG_CHUNK, group_heads=hq // hkv)
     assert plan is not None and sorted(g.length for g in plan.groups) == [320, 512]
     # group 0 keeps its five 512-token rows and drops the one sharing 256; the short chunk joins with its 5 queries
     assert sorted(g.tokens.numel() for g in plan.groups) == [5, 9]
@@ -81,7 +88,7 @@ def test_cascade_equals_row_by_row_attention_fp32(hq, hkv, d):
     assert (got - plain).abs().max().item() < 2e-5
 
 
-def test_cascade_bf16_cache_matches_fp32_attention():
+def test_cascade_bf16_cache_matches_fp32_attention(small_groups):
     q_rows, kc, vc, step = shared_case(ROWS, 8, 8, 64, dtype=torch.bfloat16, seed=3)
     got = attention._paged(q_rows, kc, vc, step, attention.Variant(0.125), False)
     assert step.scratch[("cascade", 0)] is not None
@@ -89,10 +96,23 @@ def test_cascade_bf16_cache_matches_fp32_attention():
     assert (got.double() - want).abs().max().item() < 2e-2   # bf16 output and bf16 probabilities in the GEMM
 
 
-def test_no_group_below_the_thresholds_and_variants_fall_back():
-    few = [(0, 512, 3, 1)] * (cascade.MIN_ROWS - 1) + [(1, 128, 3, 1)] * 8   # too few rows; too short a prefix
-    q_rows, kc, vc, step = shared_case(few, 4, 2, 32)
-    assert cascade.plan(step.paged_slots, step.paged_ctx_lens, step.paged_q_lens, step.paged_token_seq, 32) is None
+@pytest.mark.parametrize("rows,shared,group_heads,taken", [
+    (32, 1024, 1, True),     # W2: 32 rows x 1,024 shared tokens, MHA
+    (23, 1024, 1, False),    # too few lanes for one KV head (23 of 32)
+    (32, 256, 1, False),     # too short a prefix
+    (6, 1024, 4, True),      # GQA: 6 rows x 4 query heads fill 24 lanes
+    (5, 1024, 4, False),
+])
+def test_shared_prefix_is_taken_only_where_it_pays(rows, shared, group_heads, taken):
+    case = [(0, shared, 64, 1)] * rows + [(1, 0, 2000, 1)]   # and a row sharing nothing
+    _, _, _, step = shared_case(case, group_heads, 1, 16)
+    plan = cascade.plan(step.paged_slots, step.paged_ctx_lens, step.paged_q_lens, step.paged_token_seq, 32, group_heads)
+    assert (plan is not None) == taken
+    if taken:
+        assert [(g.tokens.numel(), g.length) for g in plan.groups] == [(rows, shared)]
+
+
+def test_variants_fall_back(small_groups):
     q_rows, kc, vc, step = shared_case(ROWS, 4, 2, 32)
     var = attention.Variant(32 ** -0.5, softcap=30.0)   # a variant: the row-by-row kernel computes it
     got = attention._paged(q_rows, kc, vc, step, var, True)
@@ -145,6 +165,7 @@ def test_greedy_text_with_a_shared_cached_prefix_equals_transformers(demo_model_
 
     from modelcall.core import Kernel
     monkeypatch.setattr(cascade, "MIN_SHARED", 32)
+    monkeypatch.setattr(cascade, "MIN_LANES", 4)
     calls = []
     inner = cascade.attend
     monkeypatch.setattr(cascade, "attend", lambda *a: calls.append(len(a[3].groups)) or inner(*a))

@@ -119,7 +119,7 @@ def _paged(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, step: StepB
     if cpu_kernel.usable(q_rows, kc):
         plain = var.plain and var.window is None
         long = _long_chunks(step) if plain else None
-        shared = _shared_prefix(step, slots, group) if plain else None
+        shared = _shared_prefix(step, slots, group, q_rows.shape[1] // kc.shape[1]) if plain else None
         if long or shared:
             return _paged_split(q_rows, kc, vc, step, var, slots, long or [], shared, group)
         return cpu_kernel.paged_attention(q_rows, kc, vc, step, var.scale, var.window or 0, var.softcap or 0.0,
@@ -144,12 +144,12 @@ def _long_chunks(step: StepBatch) -> list[tuple[int, int, int, int]]:
     return long
 
 
-def _shared_prefix(step: StepBatch, slots: torch.Tensor, group: int) -> cascade.CascadePlan | None:
+def _shared_prefix(step: StepBatch, slots: torch.Tensor, group: int, group_heads: int) -> cascade.CascadePlan | None:
     """The step's shared-prefix groups over this KV group's slots (cascade.py), computed once per step."""
     key = ("cascade", group)
     if key not in step.scratch:
         step.scratch[key] = cascade.plan(slots, step.paged_ctx_lens, step.paged_q_lens, step.paged_token_seq,
-                                         max_queries=LONG_CHUNK)   # longer chunks are _long_chunks'
+                                         max_queries=LONG_CHUNK, group_heads=group_heads)   # longer: _long_chunks'
     return step.scratch[key]
 
 
