@@ -136,3 +136,49 @@ def test_fused_ops_round_where_transformers_modules_round():
         ref = norm(h + x)
         ulp = ref.float().abs() * 2 ** -7
         assert ((out.float() - ref.float()).abs() <= ulp + 1e-30).all()
+
+
+def _qwen2_mixed_windows(out_dir: str, tokenizer_dir: str) -> str:
+    """Qwen2 with layer 0 full and layers 1-2 sliding (8 tokens): several KV groups, each with its own tables."""
+    import shutil
+
+    import transformers
+    from family_models import COMMON, TOKENIZER_FILES, WINDOW
+    cfg = transformers.Qwen2Config(**COMMON, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(out_dir)
+    for f in TOKENIZER_FILES:
+        shutil.copy(f"{tokenizer_dir}/{f}", f"{out_dir}/{f}")
+    return out_dir
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("name", ["llama3", "qwen2_mixed_windows"])
+async def test_lean_greedy_through_the_kernel_equals_generate(name, family_dirs, demo_model_dir, make_kernel, events,
+                                                              tmp_path):
+    """Through the whole kernel with the lean stack forced (fp32): transformers' greedy tokens under concurrency,
+    chunked prefill (16-token budget), prefix-cache hits and preemption; with several KV groups too."""
+    from test_families import MAX_TOKENS, PROMPTS, _run_all
+    from greedy_refs import greedy_continuations
+    from transformers import AutoConfig
+
+    from modelcall.core.plan import kv_groups
+    from modelcall.events import Preempted
+    from modelcall.plugins.runner.loader import layer_windows
+
+    model_dir = family_dirs[name] if name in family_dirs else _qwen2_mixed_windows(str(tmp_path), demo_model_dir)
+    cfg = AutoConfig.from_pretrained(model_dir)
+    groups = len(kv_groups(layer_windows(cfg), cfg.num_hidden_layers))
+    assert (groups > 1) == (name == "qwen2_mixed_windows")
+    refs = greedy_continuations(model_dir, PROMPTS, MAX_TOKENS)
+    async with make_kernel(model=model_dir, dtype="float32", block_size=16, num_kv_blocks=7 * groups,
+                           max_num_batched_tokens=16, plugin_config={"runner": {"lean": True}}) as kernel:
+        assert isinstance(kernel.runner.lean, lean.LeanStack)
+        first = await kernel.complete(prompt_token_ids=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0,
+                                      ignore_eos=True)
+        results = await _run_all(kernel, list(range(1, len(PROMPTS))))
+    results[0] = first
+    for i, done in sorted(results.items()):
+        assert done.token_ids == refs[i], f"{name}: prompt {i}"
+    assert any(results[i].usage.cached_tokens for i in (1, 2)), "no prefix-cache hit"
+    assert events.of(Preempted), "the pool was meant to force preemption"
