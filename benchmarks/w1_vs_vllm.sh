@@ -6,7 +6,9 @@
 # once per value: two threads win on a quiet machine and collapse on a busy one),
 # CONCURRENCY=64,128 (extra modelcall runs at these request counts; empty: none), NRUNS=3, COLD=1 (modelcall
 # also resets its prefix cache before each run; the vllm peer keeps its cache across runs), PEER_TWO_THREADS=1 (also
-# run the peer bound to two cores, for a thread-for-thread ratio).
+# run the peer bound to two cores, for a thread-for-thread ratio), DTYPE=bfloat16 (modelcall's compute dtype: the
+# peer computes in the checkpoint's bf16; "auto" lets modelcall's load-time linear probe choose, and an fp32 choice
+# runs neither the packed GEMMs nor the lean decoder stack).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 shared=${SHARED_DIR:-$repo/../shared}
@@ -34,7 +36,7 @@ results=()
 for t in ${THREADS:-1 2}; do
   echo "== modelcall (threads $t)" >&2
   "$repo/.venv/bin/modelcall" bench throughput --model "$scratch/model" --dataset "$scratch/w1.jsonl" --runs "$runs" \
-    --threads "$t" --concurrency "${CONCURRENCY-64,128}" "${cold[@]}" 2>"$scratch/mc.log" | tee "$scratch/mc.out" >&2 \
+    --threads "$t" --dtype "${DTYPE:-bfloat16}" --concurrency "${CONCURRENCY-64,128}" "${cold[@]}" 2>"$scratch/mc.log" | tee "$scratch/mc.out" >&2 \
     || { tail -20 "$scratch/mc.log" >&2; exit 1; }
   results+=("$t:$(sed -n 's/^output tok\/s: //p' "$scratch/mc.out")")
 done
