@@ -71,7 +71,8 @@ class ModelcallEngine:
         import anyio.from_thread
 
         from modelcall.core import Kernel, KernelConfig
-        cfg = KernelConfig(model=model, threads=threads, kv_cache_memory_gb=kv_gb,
+        # NOTE: bf16 as the peer (dtype auto would let a load-time probe pick fp32: no packed GEMMs, no lean stack)
+        cfg = KernelConfig(model=model, threads=threads, kv_cache_memory_gb=kv_gb, dtype="bfloat16",
                            plugin_config={"runner": {"cpu_bind": "auto"}})
         self._portal_cm = anyio.from_thread.start_blocking_portal()
         self.portal = self._portal_cm.__enter__()
