@@ -182,3 +182,24 @@ async def test_lean_greedy_through_the_kernel_equals_generate(name, family_dirs,
         assert done.token_ids == refs[i], f"{name}: prompt {i}"
     assert any(results[i].usage.cached_tokens for i in (1, 2)), "no prefix-cache hit"
     assert events.of(Preempted), "the pool was meant to force preemption"
+
+
+def test_fused_ops_on_prefill_sized_rows_run_in_parallel_with_the_serial_numbers():
+    """Above 65k elements the rows are split over the threads (prefill): the same bits as one thread."""
+    gen = torch.Generator().manual_seed(1)
+    rows, w = 1500, bf16(128, gen=gen)
+    res, x = bf16(rows, 128, gen=gen), bf16(rows, 128, gen=gen)
+    qkv, pos = bf16(rows, 4 * 32, gen=gen), torch.randint(0, 64, (rows,), generator=gen)
+    cos, sin = bf16(64, 32, gen=gen), bf16(64, 32, gen=gen)
+    y = bf16(rows, 2 * 96, gen=gen)
+    outs = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        r, out, q, act = res.clone(), torch.empty_like(res), qkv.clone(), torch.empty(rows, 96, dtype=torch.bfloat16)
+        fused_ops.add_rmsnorm(x, r, out, w, 1e-6)
+        fused_ops.rope(q, pos, cos, sin, 2, 1, 32)
+        fused_ops.silu_mul(y[:, :96], y[:, 96:], act)
+        outs.append((r, out, q, act))
+    torch.set_num_threads(1)
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
