@@ -168,6 +168,21 @@ def test_nested_pydantic_models_as_tools(server):
     assert out["parsing_error"] is None and isinstance(out["parsed"], Trip)
 
 
+def test_responses_api_mode(server):
+    """ChatOpenAI(use_responses_api=True), what LangChain switches to for OpenAI's newer features: the same
+    greedy text through /v1/responses, streamed too, its incomplete status for a max_output_tokens cut, and
+    a forced tool call parsed from a function_call item."""
+    model = chat(server, use_responses_api=True, extra_body={"ignore_eos": True})
+    msg = model.invoke(QUESTION)
+    assert msg.text == sdk_reference(server)
+    assert msg.response_metadata["status"] == "incomplete" and msg.usage_metadata["output_tokens"] == 8
+    assert "".join(c.text for c in model.stream(QUESTION)) == msg.text
+    tools = chat(server, use_responses_api=True, max_tokens=96, temperature=1.0, extra_body={"seed": 3}).bind_tools(
+        [get_weather], tool_choice="get_weather")
+    (call,) = tools.invoke([HumanMessage("Weather in Paris?")]).tool_calls
+    assert call["name"] == "get_weather" and Forecast.model_validate(call["args"])
+
+
 def test_bad_requests_raise_the_sdk_4xx_errors(server):
     with pytest.raises(openai.NotFoundError) as e:
         langchain_openai.ChatOpenAI(model="no-such-model", base_url=server.base_url + "/v1", api_key="unused",

@@ -148,6 +148,22 @@ def test_streamed_structured_output_validates(server):
     assert isinstance(asyncio.run(go()), Weather)
 
 
+def test_responses_model_runs_text_and_output_tool(server):
+    """OpenAIResponsesModel, pydantic-ai's class for the Responses API: the same greedy text, and an output
+    tool through a forced function_call."""
+    from pydantic_ai.models.openai import OpenAIResponsesModel
+
+    client = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    responses = OpenAIResponsesModel(MODEL, provider=OpenAIProvider(openai_client=client))
+    chat_text = Agent(model(server), model_settings=settings(extra_body={"ignore_eos": True})).run_sync("Hello.").output
+    text = Agent(responses, model_settings=settings(extra_body={"ignore_eos": True})).run_sync("Hello.")
+    assert text.output == chat_text and text.usage.output_tokens == 8
+    client = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    responses = OpenAIResponsesModel(MODEL, provider=OpenAIProvider(openai_client=client))
+    out = Agent(responses, output_type=Weather, model_settings=settings(max_tokens=96, temperature=1.0, seed=3))
+    assert isinstance(out.run_sync("Weather in Rome?").output, Weather)
+
+
 def test_errors_map_to_pydantic_ai_error_classes(server):
     from pydantic_ai import ModelContextWindowExceededError, ModelHTTPError
 
