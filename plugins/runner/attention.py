@@ -80,8 +80,11 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     out = query.new_empty(num_tokens, n_q_heads, head_dim)
     if step.num_paged:
         out[:step.num_paged] = _paged(q_rows[:step.num_paged], kc, vc, step, var, gqa, group)
-    blocked = (var.plain and var.window is None and kc.dtype == query.dtype and step.scratch.get("attention_backend")
-               is None and cpu_kernel.usable(q_rows, kc) and cpu_kernel.has_block_attention())
+    # NOTE: bf16 only: an fp32 run is the parity reference, and SDPA is what transformers' own fp32 forward
+    # computes (block_attention is as close to fp64 as SDPA, but not the same sums: prompt logprobs moved 1.09e-4)
+    blocked = (var.plain and var.window is None and query.dtype == kc.dtype == torch.bfloat16
+               and step.scratch.get("attention_backend") is None and cpu_kernel.usable(q_rows, kc)
+               and cpu_kernel.has_block_attention())
     for g in step.fresh:
         end = g.start + g.num_seqs * g.q_len
         if blocked and g.q_len >= LONG_CHUNK:   # the C kernel over the K/V just written (same values: same dtype)

@@ -29,7 +29,7 @@ def cache_dir() -> str:
 def compile_library(name: str, source: str, flags: tuple[str, ...] = FLAGS, libs: tuple[str, ...] = ("-lm",)) -> ctypes.CDLL:
     """`source` built with $CC (default cc) as <cache>/<name>_<hash>.so and loaded; raises when it cannot be built."""
     cc = os.environ.get("CC", "cc")
-    key = hashlib.sha256("\0".join([source, cc, *flags, *libs, platform.machine(), sys.platform]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([source, cc, *flags, *libs, platform.machine(), sys.platform, "link2"]).encode()).hexdigest()[:16]
     out_dir = cache_dir()
     lib_path = os.path.join(out_dir, f"{name}_{key}.so")
     if not os.path.exists(lib_path):
@@ -38,8 +38,14 @@ def compile_library(name: str, source: str, flags: tuple[str, ...] = FLAGS, libs
             src = os.path.join(tmp, f"{name}.c")
             with open(src, "w") as f:
                 f.write(source)
-            tmp_lib = os.path.join(tmp, "lib.so")
-            subprocess.run([cc, *flags, src, "-o", tmp_lib, *libs], check=True, capture_output=True, timeout=120)
+            tmp_lib, obj = os.path.join(tmp, "lib.so"), os.path.join(tmp, f"{name}.o")
+            # NOTE: compiled with the flags, linked without -ffast-math: linked with it, gcc adds crtfastmath.o,
+            # which sets flush-to-zero/denormals-are-zero for the whole process when the library loads (Python
+            # floats then lose their subnormals; hypothesis refuses to run).
+            subprocess.run([cc, *(f for f in flags if f != "-shared"), "-c", src, "-o", obj], check=True,
+                           capture_output=True, timeout=120)
+            subprocess.run([cc, *(f for f in flags if f != "-ffast-math"), obj, "-o", tmp_lib, *libs], check=True,
+                           capture_output=True, timeout=120)
             os.replace(tmp_lib, lib_path)   # atomic: concurrent builders never see half a file
     return ctypes.CDLL(lib_path)
 

@@ -21,16 +21,13 @@ Either path can return each head's log-sum-exp, so two parts of one softmax can 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import platform
-import subprocess
-import sys
-import tempfile
 import threading
 
 import torch
+
+from modelcall.plugins.runner import cbuild
 
 log = logging.getLogger("modelcall.runner")
 
@@ -601,27 +598,8 @@ _tried = False
 _lock = threading.Lock()
 
 
-def _cache_dir() -> str:
-    root = os.environ.get("MODELCALL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "modelcall")
-    return os.path.join(root, "kernels")
-
-
 def _build() -> ctypes.CDLL | None:
-    cc = os.environ.get("CC", "cc")
-    flags = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
-    key = hashlib.sha256("\0".join([SOURCE, cc, *flags, "-lm", platform.machine(), sys.platform]).encode()).hexdigest()[:16]
-    out_dir = _cache_dir()
-    lib_path = os.path.join(out_dir, f"paged_attention_{key}.so")
-    if not os.path.exists(lib_path):
-        os.makedirs(out_dir, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-            src = os.path.join(tmp, "paged_attention.c")
-            with open(src, "w") as f:
-                f.write(SOURCE)
-            tmp_lib = os.path.join(tmp, "lib.so")
-            subprocess.run([cc, *flags, src, "-o", tmp_lib, "-lm"], check=True, capture_output=True, timeout=120)
-            os.replace(tmp_lib, lib_path)   # atomic: concurrent builders never see half a file
-    lib = ctypes.CDLL(lib_path)
+    lib = cbuild.compile_library("paged_attention", SOURCE)
     fn = lib.paged_attention
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     fn.argtypes = [p, p, p, p, p, ctypes.c_int, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, ctypes.c_float,
