@@ -19,6 +19,13 @@ pytestmark = pytest.mark.skipif(fused_ops.load() is None, reason="no C compiler 
 LEAN_FAMILIES = ["llama3", "qwen2", "qwen3", "mistral_window"]
 
 
+@pytest.fixture(autouse=True)
+def one_thread_after():
+    """Runners made with threads=2 set torch's thread count for the whole process: back to one after each test."""
+    yield
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="module")
 def family_dirs(demo_model_dir):
     root = tempfile.mkdtemp()
@@ -86,7 +93,6 @@ def test_lean_stack_bf16_equals_the_hf_module_runner(name, threads, family_dirs,
     rows = sum(a.shape[0] for a, _ in steps)
     assert worst < 3e-2, worst           # a few bf16 ulps of the logits' scale
     assert agree >= 0.95 * rows, (agree, rows)
-    torch.set_num_threads(1)
 
 
 def test_lean_is_not_taken_in_fp32_by_default_nor_for_other_families(family_dirs, demo_model_dir):
@@ -200,6 +206,5 @@ def test_fused_ops_on_prefill_sized_rows_run_in_parallel_with_the_serial_numbers
         fused_ops.rope(q, pos, cos, sin, 2, 1, 32)
         fused_ops.silu_mul(y[:, :96], y[:, 96:], act)
         outs.append((r, out, q, act))
-    torch.set_num_threads(1)
     for a, b in zip(*outs):
         assert torch.equal(a, b)
