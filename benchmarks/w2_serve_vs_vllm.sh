@@ -66,7 +66,7 @@ pids+=($!); vpid=$!
 for mode in $overlap; do
   port=$(free_port)
   flag=--async-scheduling; [ "$mode" = off ] && flag=--no-async-scheduling
-  "$mc" serve --model "$scratch/model" --served-model-name w1 --max-model-len 2048 --threads "$threads" $flag \
+  "$mc" serve --model "$scratch/model" --served-model-name w1 --dtype bfloat16 --max-model-len 2048 --threads "$threads" $flag \
     --host 127.0.0.1 --port "$port" >"$scratch/mc-$mode.log" 2>&1 &
   pids+=($!)
   names+=("modelcall-overlap-$mode") urls+=("http://127.0.0.1:$port") spids+=($!)
