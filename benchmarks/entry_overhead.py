@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+# both trees on the random demo model (a tree from before issue 19's default change serves it anyway)
+os.environ.setdefault("MODELCALL_DEMO_MODEL", "random")
 PLUGINS = ["modelcall.plugins.kv_cache.plugin", "modelcall.plugins.scheduler.plugin",
            "modelcall.plugins.demo_model.plugin", "modelcall.plugins.tokenizer_hf.plugin",
            "modelcall.plugins.runner.plugin", "modelcall.plugins.sampler.plugin",

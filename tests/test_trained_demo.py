@@ -67,9 +67,9 @@ def _serve_default(env: dict[str, str]) -> tuple[subprocess.Popen, str]:
 
 @pytest.fixture(scope="module")
 def served():
-    """`modelcall serve` with no model flag, the trained model chosen by MODELCALL_DEMO_MODEL=trained
-    (the default stays the random model until the trained one meets its bar: see the plugin)."""
-    env = {**os.environ, "MODELCALL_DEMO_MODEL": "trained"}
+    """`modelcall serve` with no model flag and nothing in the environment choosing a demo model
+    (tests/conftest.py sets MODELCALL_DEMO_MODEL=random for the rest of the suite: dropped here)."""
+    env = {k: v for k, v in os.environ.items() if k != "MODELCALL_DEMO_MODEL"}
     proc, url = _serve_default(env)
     yield url
     proc.terminate()
@@ -164,14 +164,6 @@ def _agent(url: str, question: str, capsys) -> dict:
     return result
 
 
-# NOTE: issue 19 is not met yet: the committed model copies the expression or the city into its call
-# most of the time, and the tool's result into its answer less often (21/40 held-out arithmetic, 59/96
-# weather, greedy under HF; 12/20 arithmetic through the server); these tests say what it must do and
-# fail loudly once it does.
-NOT_COPYING = pytest.mark.xfail(strict=True, reason="issue 19: the committed demo model does not copy arguments yet")
-
-
-@NOT_COPYING
 def test_held_out_arithmetic_is_answered_through_the_calculator(served, capsys):
     """20 arithmetic questions none of which is in the training corpus (held out by expression):
     at least 18 answered with the calculator's correct result, through `modelcall agent`."""
@@ -193,7 +185,6 @@ def test_held_out_arithmetic_is_answered_through_the_calculator(served, capsys):
     assert right >= 18, seen
 
 
-@pytest.mark.xfail(reason="issue 19: the committed model copies most cities, some temperatures")
 @pytest.mark.parametrize("question,city", [
     ("What's the weather in Paris?", "Paris"), ("How is the weather in Tokyo?", "Tokyo"),
     ("Tell me the weather in New York.", "New York"), ("东京的天气怎么样？", "东京"),
@@ -218,6 +209,19 @@ def test_the_agent_command_runs_in_its_own_process(served):
     assert call["name"] == "get_weather" and call["status"] == "ok" and json.loads(call["arguments"]) == {"city": "Paris"}
     assert [r["finish_reason"] for r in result["requests"]] == ["tool_calls", "stop"]
     assert f"{weather_of('Paris')['temperature_c']}°C" in result["answer"]
+
+
+def test_the_trained_model_is_the_default_and_the_random_one_stays_available(monkeypatch):
+    from modelcall.core.config import KernelConfig
+    from modelcall.plugins.demo_model import demo_model_dir, plugin
+    monkeypatch.delenv(plugin.DEMO_MODEL_ENV, raising=False)
+    assert plugin.wanted_kind() == "trained"
+    assert plugin.provide_model_dir(KernelConfig()) == trained_model_dir()
+    monkeypatch.setenv(plugin.DEMO_MODEL_ENV, "random")
+    assert plugin.provide_model_dir(KernelConfig()) == demo_model_dir()
+    monkeypatch.setenv(plugin.DEMO_MODEL_ENV, "big")
+    with pytest.raises(Exception, match="MODELCALL_DEMO_MODEL"):
+        plugin.wanted_kind()
 
 
 # ---- the committed weights ------------------------------------------------------------------------
