@@ -5,8 +5,8 @@
     path = demo_model_dir()      # the tiny random-weight model: built once into the user cache
 
 `MODELCALL_CACHE_DIR` overrides the cache root (default: platformdirs' user cache for "modelcall").
-`MODELCALL_DEMO_MODEL=trained` makes the trained one the default model (the random one is the default
-until the trained one answers well enough: see plugin.py).
+The trained one is the default model; `MODELCALL_DEMO_MODEL=random` makes the random one the default
+instead (the test suite and the benchmarks do: see plugin.py).
 The trained model's tools: `modelcall.plugins.demo_model.tools` (`calculator`, `get_weather`).
 """
 from modelcall.plugins.demo_model.cache import build_demo_model, cache_root, demo_model_dir

@@ -1,5 +1,5 @@
-"""Train the demo model that answers (seeded, one CPU thread: about 9 minutes of CPU time; the wall
-time depends on the load: 10 minutes on a quiet core, 18 on two cores shared with test suites):
+"""Train the demo model that answers (seeded, one CPU thread: about 10 minutes of CPU time; the wall
+time depends on the load: 11 minutes on two cores shared with other sessions' test suites):
 
     python -m modelcall.plugins.demo_model.train --out plugins/demo_model/trained
     python -m modelcall.plugins.demo_model.train --check plugins/demo_model/trained   # accuracy only
