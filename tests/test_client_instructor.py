@@ -18,6 +18,8 @@ from pydantic import BaseModel, Field
 
 instructor = pytest.importorskip("instructor", reason="instructor conflicts with the test extra's openai; see NOTE")
 from instructor.core.exceptions import InstructorRetryException  # noqa: E402
+# Async SDK clients these tests leave open are collected at the end of the module (conftest).
+pytestmark = pytest.mark.usefixtures("free_unclosed_async_clients")
 
 MODEL = "demo-model-1"
 MSG = [{"role": "user", "content": "Weather in Paris for two days?"}]

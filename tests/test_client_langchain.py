@@ -16,6 +16,8 @@ langchain_openai = pytest.importorskip("langchain_openai", reason="langchain-ope
 from langchain_core.exceptions import ContextOverflowError  # noqa: E402
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, SystemMessage, ToolMessage  # noqa: E402
 from langchain_core.tools import tool  # noqa: E402
+# Async SDK clients these tests leave open are collected at the end of the module (conftest).
+pytestmark = pytest.mark.usefixtures("free_unclosed_async_clients")
 
 MODEL = "demo-model-1"
 QUESTION = [SystemMessage("You are terse."), HumanMessage("Say something about Paris.")]

@@ -19,6 +19,8 @@ from pydantic_ai.capabilities import AbstractCapability  # noqa: E402
 from pydantic_ai.messages import ToolCallPart, ToolReturnPart  # noqa: E402
 from pydantic_ai.models.openai import OpenAIChatModel  # noqa: E402
 from pydantic_ai.providers.openai import OpenAIProvider  # noqa: E402
+# Async SDK clients these tests leave open are collected at the end of the module (conftest).
+pytestmark = pytest.mark.usefixtures("free_unclosed_async_clients")
 
 MODEL = "demo-model-1"
 
