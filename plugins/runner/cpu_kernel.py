@@ -21,15 +21,11 @@ Either path can return each head's log-sum-exp, so two parts of one softmax can 
 from __future__ import annotations
 
 import ctypes
-import logging
-import os
-import threading
 
 import torch
 
 from modelcall.plugins.runner import cbuild
 
-log = logging.getLogger("modelcall.runner")
 
 SOURCE = r"""
 #define _GNU_SOURCE
@@ -593,13 +589,7 @@ void paged_attention(const float *q, const uint16_t *qb, float *out, const void 
 }
 """
 
-_lib: ctypes.CDLL | None = None
-_tried = False
-_lock = threading.Lock()
-
-
-def _build() -> ctypes.CDLL | None:
-    lib = cbuild.compile_library("paged_attention", SOURCE)
+def _declare(lib: ctypes.CDLL) -> None:
     fn = lib.paged_attention
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     fn.argtypes = [p, p, p, p, p, ctypes.c_int, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, ctypes.c_float,
@@ -611,22 +601,14 @@ def _build() -> ctypes.CDLL | None:
         lib.block_attention.restype = None
     lib.bind_threads.argtypes = [p, ctypes.c_int]
     lib.bind_threads.restype = ctypes.c_int
-    return lib
+
+
+_LIB = cbuild.OnceLibrary("paged_attention", SOURCE, _declare, "using the portable path")
 
 
 def load() -> ctypes.CDLL | None:
     """The compiled kernel, or None when it cannot be built here (no compiler, not x86/arm Linux...)."""
-    global _lib, _tried
-    if not _tried:
-        with _lock:
-            if not _tried:
-                if os.environ.get("MODELCALL_CPU_KERNEL", "1") != "0":
-                    try:
-                        _lib = _build()
-                    except Exception as e:  # no compiler, or it failed: the portable path still works
-                        log.warning("CPU paged-attention kernel unavailable (%s); using the portable path", e)
-                _tried = True
-    return _lib
+    return _LIB.get()
 
 
 def usable(q_rows: torch.Tensor, kc: torch.Tensor) -> bool:
