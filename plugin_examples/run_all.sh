@@ -46,11 +46,12 @@ echo "== all examples in one venv"
 new_venv "$scratch/venv-all"
 for name in "${names[@]}"; do install "$scratch/venv-all" "$root/plugin_examples/$name"; done
 (cd "$scratch" && "$scratch/venv-all/bin/python" - "${names[@]}" <<'PY'
-import sys
+import json, subprocess, sys
 from importlib import metadata
-from modelcall.core import KernelConfig, PluginHost
-from modelcall.plugins.devtools.listing import describe
-listing = describe(PluginHost(), KernelConfig())
+# What an author sees: `modelcall plugins --json` (the same listing as GET /-/plugins), run as the console
+# script runs it (this venv borrows the project's packages, not its scripts).
+cli = [sys.executable, "-c", "import sys; from modelcall.plugins.cli.main import main; sys.exit(main())"]
+listing = json.loads(subprocess.run([*cli, "plugins", "--json"], check=True, capture_output=True, text=True).stdout)
 rows = {p["name"]: p for p in listing["plugins"]}
 examples = [ep for ep in metadata.entry_points(group="modelcall") if ep.dist.name != "modelcall"]
 wrong = [ep.name for ep in examples if ep.name not in rows or rows[ep.name]["version"] != ep.dist.version]
