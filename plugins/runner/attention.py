@@ -167,20 +167,22 @@ def _paged_split(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, step:
     1,920 keys took 322 ms of CPU per layer that way and 57 + 55 ms as the two flash calls (W3's shape)."""
     out = q_rows.new_empty(q_rows.shape)
     key = ("short_rows", group)
-    short = step.scratch.get(key)
-    if short is None:
+    cached = step.scratch.get(key)
+    if cached is None:   # the short rows and their (request, position) columns: the same for every layer
         keep = torch.ones(q_rows.shape[0], dtype=torch.bool)
         for row, q, _, _ in long:
             keep[row:row + q] = False
         if shared is not None:
             keep[shared.tokens] = False
-        short = step.scratch[key] = keep.nonzero().squeeze(1)
+        short = keep.nonzero().squeeze(1)
+        cached = step.scratch[key] = (short, step.paged_token_seq.index_select(0, short),
+                                      step.paged_token_pos.index_select(0, short))
+    short, short_seq, short_pos = cached
     if shared is not None:
         out.index_copy_(0, shared.tokens, cascade.attend(q_rows, kc, vc, shared, var.scale).to(out.dtype))
     if short.numel():
         out.index_copy_(0, short, cpu_kernel.attend_tokens(
-            q_rows.index_select(0, short), kc, vc, step.paged_token_seq.index_select(0, short),
-            step.paged_token_pos.index_select(0, short), slots, var.scale).to(out.dtype))
+            q_rows.index_select(0, short), kc, vc, short_seq, short_pos, slots, var.scale).to(out.dtype))
     blocked = cpu_kernel.has_block_attention()
     for row, q, ctx, s in long:
         if blocked:
