@@ -13,7 +13,7 @@ import torch
 from modelcall.core import ConfigError, KernelConfig, SchedulePlan, StepOutput
 from modelcall.core.plan import kv_groups
 from modelcall.core.stages import Sampler
-from modelcall.plugins.runner import attention, cpu_kernel, cuda_graphs, lean
+from modelcall.plugins.runner import omp_team, attention, cpu_kernel, cuda_graphs, lean
 from modelcall.plugins.runner.batch import StepBatch, build_step
 from modelcall.plugins.runner.loader import (
     build_spec, check_model_dir, resolve_placement, unsupported_features,
@@ -89,6 +89,7 @@ class TorchModelRunner:
         self._bound = threading.local()   # binding is per OS thread: anyio may hand execute() a new worker
         log.info("loaded %s on %s (%s, kv %s) in %.1fs", model_dir, p.device, p.dtype, p.kv_dtype,
                  time.perf_counter() - t0)
+        self._release_load_team()
 
     def probe_layer_windows(self, hf_config: Any) -> tuple[int, ...]:
         """Each layer's sliding window (0: full) as the model itself passes it to attention, from one
@@ -133,6 +134,14 @@ class TorchModelRunner:
         self.block_size = block_size
         if self.graph_mode:
             self.graphs = cuda_graphs.for_runner(self, num_blocks, block_size)
+        self._release_load_team()
+
+    def _release_load_team(self) -> None:
+        """Loading ran parallel torch ops in the loading thread; steps run in another (the engine's worker). Free
+        the loading thread's OpenMP team so the step thread's is the only one: with two, libgomp stops spinning
+        between the small GEMMs of a decode step (plugins/runner/omp_team.py)."""
+        if self.placement.device.type == "cpu" and torch.get_num_threads() > 1:
+            omp_team.release_thread_team()
 
     # ---- one step ------------------------------------------------------------------------------
 
