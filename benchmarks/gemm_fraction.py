@@ -27,6 +27,9 @@ import tempfile
 import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from modelcall.plugins.cli.main import compute_thread_defaults  # noqa: E402
+
+compute_thread_defaults(os.environ)   # what the modelcall command sets before torch loads
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GEMM_OPS = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::bmm", "aten::linear")

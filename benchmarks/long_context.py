@@ -71,6 +71,8 @@ class ModelcallEngine:
         import anyio.from_thread
 
         from modelcall.core import Kernel, KernelConfig
+        from modelcall.plugins.cli.main import compute_thread_defaults
+        compute_thread_defaults(os.environ)   # what `modelcall serve` sets before torch loads (nothing imported it yet)
         # NOTE: bf16 as the peer (dtype auto would let a load-time probe pick fp32: no packed GEMMs, no lean stack)
         cfg = KernelConfig(model=model, threads=threads, kv_cache_memory_gb=kv_gb, dtype="bfloat16",
                            plugin_config={"runner": {"cpu_bind": "auto"}})
