@@ -20,7 +20,7 @@ import ctypes
 
 import torch
 
-from modelcall.plugins.runner.cbuild import OnceLibrary
+from modelcall.plugins.cbuild import OnceLibrary
 
 SOURCE = r"""
 #include <stdint.h>
