@@ -14,7 +14,7 @@ from modelcall.core import ConfigError, KernelConfig, SchedulePlan, StepOutput
 from modelcall.core.plan import kv_groups
 from modelcall.core.stages import Sampler
 from modelcall.plugins.runner import omp_team, attention, cpu_kernel, cuda_graphs, lean
-from modelcall.plugins.runner.batch import StepBatch, build_step
+from modelcall.plugins.runner.batch import DecodeState, StepBatch, build_step
 from modelcall.plugins.runner.loader import (
     build_spec, check_model_dir, resolve_placement, unsupported_features,
 )
@@ -85,6 +85,7 @@ class TorchModelRunner:
             self.lean = lean.build(model, self.base, hf_config, self.spec.layer_windows, runner_cfg.get("lean", "auto"))
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_size = 0
+        self.decode_state = DecodeState()   # consecutive decode steps of the same requests: updated, not rebuilt
         self._cpus = cpu_binding(config) if p.device.type == "cpu" else []
         self._bound = threading.local()   # binding is per OS thread: anyio may hand execute() a new worker
         log.info("loaded %s on %s (%s, kv %s) in %.1fs", model_dir, p.device, p.dtype, p.kv_dtype,
@@ -197,7 +198,7 @@ class TorchModelRunner:
         with torch.inference_mode():
             if self.graphs is not None and self.graphs.supports(plan, len(self.groups)):   # decode: static batches
                 return self.graphs.logits(plan)
-            step = build_step(plan, self.block_size, self.placement.device, len(self.groups))
+            step = build_step(plan, self.block_size, self.placement.device, len(self.groups), self.decode_state)
             step.kv = self.kv
             step.scratch["layer_windows"] = self.spec.layer_windows   # attention checks each layer's against it
             if self.attention_backend:
