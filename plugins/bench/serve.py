@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import msgspec
 
 from modelcall.plugins.bench import w2
 from modelcall.plugins.bench.workload import load_rows
@@ -250,6 +251,27 @@ def _progress(total: int) -> Any:
     return tqdm(total=total, desc="requests", unit="req", file=sys.stderr, dynamic_ncols=True)
 
 
+class _Choice(msgspec.Struct):
+    text: Any = None
+
+
+class _Usage(msgspec.Struct):
+    completion_tokens: int = 0
+
+
+class _Chunk(msgspec.Struct):
+    """The fields of a streamed completions chunk the client reads (others are skipped unparsed)."""
+
+    id: Any = None
+    choices: list[_Choice] | None = None
+    usage: _Usage | None = None
+
+
+# NOTE: the client shares the machine with the server it measures: decoding only these fields, in C, costs it
+# less CPU per chunk than json.loads building every dict (the same for every server measured).
+_decode_chunk = msgspec.json.Decoder(_Chunk).decode
+
+
 async def one_request(session: aiohttp.ClientSession, model: str, row: dict[str, Any],
                       max_tokens: int | None) -> RequestResult:
     n = max_tokens or row.get("max_tokens") or row.get("output_len") or 128
@@ -269,22 +291,22 @@ async def one_request(session: aiohttp.ClientSession, model: str, row: dict[str,
                 now = time.perf_counter()
                 if res.first_event is None:
                     res.first_event = now
-                chunk = json.loads(raw[6:])
-                if res.request_id is None and isinstance(chunk.get("id"), str):
-                    res.request_id = chunk["id"].removeprefix("cmpl-")
-                if chunk.get("usage"):
-                    res.output_tokens = chunk["usage"]["completion_tokens"]
-                choices = chunk.get("choices") or ()
+                chunk = _decode_chunk(raw[6:])
+                if res.request_id is None and isinstance(chunk.id, str):
+                    res.request_id = chunk.id.removeprefix("cmpl-")
+                if chunk.usage is not None and chunk.usage.completion_tokens:
+                    res.output_tokens = chunk.usage.completion_tokens
+                choices = chunk.choices or ()
                 if choices:
                     res.chunk_times.append(now)
-                if choices and choices[0].get("text"):
+                if choices and choices[0].text:
                     chunks += 1
                     if res.first is None:
                         res.first = now
         res.end = time.perf_counter()
         res.output_tokens = res.output_tokens or chunks
         res.ok = True
-    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+    except (aiohttp.ClientError, asyncio.TimeoutError, msgspec.DecodeError) as e:
         res.error = f"{type(e).__name__}: {e}"
     return res
 

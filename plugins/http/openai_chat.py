@@ -10,6 +10,7 @@ from aiohttp import web
 from modelcall.events import Finished, RequestFailed, TokensEmitted
 from modelcall.plugins.http import sse
 from modelcall.plugins.http.errors import ApiError, sse_error_payload
+from modelcall.plugins.http.frames import TextFrame
 from modelcall.plugins.http.openai_common import chat_logprobs, finish_reason, sampling_fields, usage_info
 from modelcall.plugins.http.schemas_openai import (
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
@@ -136,7 +137,15 @@ async def _stream(request: web.Request, ctx: ServingContext, body: ChatCompletio
         return sse.data_frame(encoder.encode(ChatCompletionChunk(id=rid, created=created, model=model,
                                                                   choices=list(choices), usage=usage)))
 
+    # A content-only delta of choice i: its frame from bytes built once (frames.py), the same bytes as delta().
+    plain = [TextFrame.of(lambda t, i=g.index: chunk(ChatChunkChoice(index=i, delta=ChatDelta(content=t),
+                                                                      finish_reason=None))[6:-2]) for g in gens]
+
     def delta(g: Generation, reasoning: str, answer: str, positions: Any = None) -> bytes:
+        if answer and not reasoning and not positions:
+            frame = plain[g.index]
+            if frame is not None:
+                return frame.frame(answer)
         lp = chat_logprobs(ctx, positions) if positions else None
         return chunk(ChatChunkChoice(index=g.index, delta=ChatDelta(content=answer or None,
                                                                      reasoning_content=reasoning or None),

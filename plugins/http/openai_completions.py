@@ -9,6 +9,7 @@ from modelcall.core import RequestHandle
 from modelcall.events import Finished, PromptLogprobs, RequestFailed, TokensEmitted, Usage
 from modelcall.plugins.http import sse
 from modelcall.plugins.http.errors import ApiError, sse_error_payload
+from modelcall.plugins.http.frames import TextFrame
 from modelcall.plugins.http.openai_common import completion_logprobs, finish_reason, sampling_fields, usage_info
 from modelcall.plugins.http.prompt_logprobs import echo_logprobs, vllm_prompt_logprobs
 from modelcall.plugins.http.schemas_openai import (
@@ -137,6 +138,11 @@ async def _stream(request: web.Request, ctx: ServingContext, body: CompletionReq
         return sse.data_frame(encoder.encode(Completion(id=rid, created=created, model=model, choices=choices,
                                                         usage=usage)))
 
+    # A plain token delta of choice i: its frame from bytes built once (frames.py), the same bytes as chunk().
+    plain = [TextFrame.of(lambda t, i=i: encoder.encode(Completion(
+        id=rid, created=created, model=model, choices=[CompletionChoice(index=i, text=t, finish_reason=None)])))
+        for i in range(len(gens))]
+
     out = sse.SSEWriter(request)
     await out.prepare({"X-Request-Id": rid})
     # NOTE: with prompt scores asked, a choice's first chunk (echo, prompt logprobs) waits for the
@@ -171,7 +177,9 @@ async def _stream(request: web.Request, ctx: ServingContext, body: CompletionReq
                 if body.logprobs is not None and ev.logprobs:
                     lp = completion_logprobs(ctx, ev.logprobs, offsets[i])
                     offsets[i] += sum(len(t) for t in lp.tokens)
-                if text or lp:
+                if lp is None and text and plain[i] is not None:
+                    await send(i, plain[i].frame(text))
+                elif text or lp:
                     await send(i, chunk([CompletionChoice(index=i, text=text, finish_reason=None, logprobs=lp)]))
             elif type(ev) is PromptLogprobs:
                 await first_chunks(i - i % body.n, ev)
