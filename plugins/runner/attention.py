@@ -69,22 +69,25 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     group = groups[layer] if groups else 0      # KV group: whose block tables place this layer's K/V
     slot_mapping = step.slot_mapping if group == 0 else step.group_slot_mapping[group - 1]
     k_new, v_new = key[0].transpose(0, 1), value[0].transpose(0, 1)   # [T, Hkv, D]
-    kc.index_copy_(0, slot_mapping, k_new.to(kc.dtype))
-    vc.index_copy_(0, slot_mapping, v_new.to(vc.dtype))
-
     q_rows = query[0].transpose(0, 1)                                  # [T, Hq, D]
+    kernel = cpu_kernel.usable(q_rows, kc)
+    if kernel:   # one C pass, the rows read in place from the packed QKV buffer
+        cpu_kernel.write_kv(k_new, v_new, kc, vc, slot_mapping)
+    else:
+        kc.index_copy_(0, slot_mapping, k_new.to(kc.dtype))
+        vc.index_copy_(0, slot_mapping, v_new.to(vc.dtype))
+
     gqa = n_q_heads != key.shape[1]
     if not step.fresh:
-        out = _paged(q_rows, kc, vc, step, var, gqa, group)
+        out = _paged(q_rows, kc, vc, step, var, gqa, group, kernel)
         return out.unsqueeze(0), None
     out = query.new_empty(num_tokens, n_q_heads, head_dim)
     if step.num_paged:
-        out[:step.num_paged] = _paged(q_rows[:step.num_paged], kc, vc, step, var, gqa, group)
+        _paged(q_rows[:step.num_paged], kc, vc, step, var, gqa, group, kernel, out[:step.num_paged])
     # NOTE: bf16 only: an fp32 run is the parity reference, and SDPA is what transformers' own fp32 forward
     # computes (block_attention is as close to fp64 as SDPA, but not the same sums: prompt logprobs moved 1.09e-4)
     blocked = (var.plain and var.window is None and query.dtype == kc.dtype == torch.bfloat16
-               and step.scratch.get("attention_backend") is None and cpu_kernel.usable(q_rows, kc)
-               and cpu_kernel.has_block_attention())
+               and step.scratch.get("attention_backend") is None and kernel and cpu_kernel.has_block_attention())
     for g in step.fresh:
         end = g.start + g.num_seqs * g.q_len
         if blocked and g.q_len >= LONG_CHUNK:   # the C kernel over the K/V just written (same values: same dtype)
@@ -113,21 +116,30 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
 
 
 def _paged(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, step: StepBatch, var: Variant,
-           gqa: bool, group: int = 0) -> torch.Tensor:
-    """Attention of the paged group's tokens over their requests' cached context: [n, Hq, D]."""
+           gqa: bool, group: int = 0, kernel: bool | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of the paged group's tokens over their requests' cached context: [n, Hq, D] in q's dtype (into
+    `out` when given, contiguous). `kernel`: cpu_kernel.usable(q_rows, kc), when the caller knows it."""
     slots = step.paged_slots if group == 0 else step.group_paged_slots[group - 1]
     if step.scratch.get("attention_backend") == "triton":   # CUDA (or Triton's interpreter in tests)
         from modelcall.plugins.runner import cuda_attention
-        return cuda_attention.paged_step(q_rows, kc, vc, step, var, slots, group)
-    if cpu_kernel.usable(q_rows, kc):
+        return _into(out, cuda_attention.paged_step(q_rows, kc, vc, step, var, slots, group))
+    if kernel if kernel is not None else cpu_kernel.usable(q_rows, kc):
         plain = var.plain and var.window is None
         long = _long_chunks(step) if plain else None
         shared = _shared_prefix(step, slots, group, q_rows.shape[1] // kc.shape[1]) if plain else None
         if long or shared:
-            return _paged_split(q_rows, kc, vc, step, var, slots, long or [], shared, group)
+            return _into(out, _paged_split(q_rows, kc, vc, step, var, slots, long or [], shared, group))
+        # NOTE: q read in place from the packed rows, the output written in the model's dtype: no copies here
         return cpu_kernel.paged_attention(q_rows, kc, vc, step, var.scale, var.window or 0, var.softcap or 0.0,
-                                          var.sinks, slots)
-    return _paged_torch(q_rows, kc, vc, step, var, gqa, group, slots)
+                                          var.sinks, slots, out)
+    return _into(out, _paged_torch(q_rows, kc, vc, step, var, gqa, group, slots))
+
+
+def _into(out: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    if out is None:
+        return x
+    out.copy_(x)
+    return out
 
 
 LONG_CHUNK = 32   # a continued prefill chunk of this many queries or more runs as blocked GEMMs (flash attention)

@@ -1,0 +1,124 @@
+"""Decode attention as the lean stack calls it (`attention.paged_attention` on [1, H, T, D] views of one packed QKV
+buffer, K/V cache writes included), today's code against attention.py + cpu_kernel.py at an earlier commit, loaded
+side by side (as benchmarks/w2_offline_before_after.py does), steps alternating (A B A B ...) in one process.
+
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE taskset -c 0 .venv/bin/python benchmarks/decode_attention.py
+        [--base c41cbb6] [--threads 1] [--steps 12] [--shape 32x192 --shape 16x2048 --shape 4x4096]
+
+Shapes are rows x context: W1's decode (32 x ~192), W3's decode (16 x 2,048) and 4 long private rows (4 x 4,096);
+W1's attention (8 layers, 8 heads x 64, MHA, bf16 cache in blocks of 16 scattered over the pool, one cache per
+layer so the K/V comes from memory as in a real step). Per shape: median wall and process-CPU ms per step of all
+layers for each side, their ratios, and the K/V bytes read per step over the wall time (GB/s), next to a plain
+sequential read of 256 MB on the same threads (torch's sum over bf16).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from modelcall.plugins.cli.main import compute_thread_defaults  # noqa: E402
+
+compute_thread_defaults(os.environ)   # what `modelcall serve` gets (GOMP_SPINCOUNT), before torch loads
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+
+import runner_before_after as rba  # noqa: E402
+from modelcall.plugins.runner import attention  # noqa: E402
+from modelcall.plugins.runner.batch import StepBatch, _context_slots  # noqa: E402
+
+BS = 16
+
+
+class Layer:
+    """What paged_attention reads of the HF attention module."""
+
+    def __init__(self, i: int) -> None:
+        self.layer_idx = i
+
+
+def make(rows: int, ctx: int, layers: int, heads: int, kv_heads: int, d: int, seed: int = 0):
+    """(call(fn) -> output of the last layer, K/V bytes read per step): one decode step of `rows` rows at context
+    `ctx` (positions ctx - 1), each layer through fn = some attention.paged_attention."""
+    g = torch.Generator().manual_seed(seed)
+    nb = -(-ctx // BS)
+    pool = rows * nb + 1
+    table = torch.randperm(pool, generator=g)[:rows * nb].view(rows, nb)
+    slots = _context_slots(table, torch.arange(ctx), BS)
+    caches = [(torch.randn(pool * BS, kv_heads, d, generator=g).bfloat16(),
+               torch.randn(pool * BS, kv_heads, d, generator=g).bfloat16()) for _ in range(layers)]
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * d, generator=g).bfloat16()
+    pos = torch.full((rows,), ctx - 1)
+    slot_mapping = slots[torch.arange(rows), pos].contiguous()
+    q = qkv[:, :heads * d].view(rows, heads, d).transpose(0, 1).unsqueeze(0)
+    k = qkv[:, heads * d:(heads + kv_heads) * d].view(rows, kv_heads, d).transpose(0, 1).unsqueeze(0)
+    v = qkv[:, (heads + kv_heads) * d:].view(rows, kv_heads, d).transpose(0, 1).unsqueeze(0)
+    mods = [Layer(i) for i in range(layers)]
+
+    def call(fn) -> torch.Tensor:
+        step = StepBatch(input_ids=None, positions=None, slot_mapping=slot_mapping, sample_rows=None, num_sampled=0,
+                         num_paged=rows, paged_token_seq=torch.arange(rows), paged_token_pos=pos, paged_slots=slots,
+                         paged_ctx_lens=[ctx] * rows, paged_q_lens=[1] * rows, kv=caches)
+        for m in mods:
+            o, _ = fn(m, q, k, v, None, scaling=d ** -0.5, sliding_window=None, modelcall_step=step)
+        return o
+
+    return call, rows * ctx * layers * 2 * kv_heads * d * 2
+
+
+def sequential_gbs() -> float:
+    x = torch.randn(128 * 2 ** 20).bfloat16()   # 256 MB
+    best = float("inf")
+    for _ in range(4):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 2 / best / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base", default="c41cbb6")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--shape", action="append", help="ROWSxCTX (default: 32x192, 16x2048, 4x4096)")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=64)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    scratch = tempfile.mkdtemp(prefix="decode_attention_")
+    rba.install_base_runner(args.base, scratch)
+    import importlib
+
+    old = importlib.import_module(f"{rba.BASE_PKG}.attention").paged_attention
+    new = attention.paged_attention
+    print(f"threads {args.threads}, base {args.base}; sequential read {sequential_gbs():.1f} GB/s; load average "
+          f"{os.getloadavg()[0]:.1f}")
+    for shape in args.shape or ["32x192", "16x2048", "4x4096"]:
+        rows, ctx = (int(x) for x in shape.split("x"))
+        call, nbytes = make(rows, ctx, args.layers, args.heads, args.kv_heads, args.head_dim)
+        err = (call(old).float() - call(new).float()).abs().max().item()
+        wall: dict[str, list[float]] = {"old": [], "new": []}
+        cpu: dict[str, list[float]] = {"old": [], "new": []}
+        for _ in range(args.steps):
+            for name, fn in (("old", old), ("new", new)):
+                c0, t0 = time.process_time(), time.perf_counter()
+                call(fn)
+                cpu[name].append((time.process_time() - c0) * 1e3)
+                wall[name].append((time.perf_counter() - t0) * 1e3)
+        w = {n: statistics.median(x) for n, x in wall.items()}
+        c = {n: statistics.median(x) for n, x in cpu.items()}
+        print(f"{rows:3d} x {ctx:5d}: old {w['old']:7.2f} ms wall {c['old']:7.2f} CPU ({nbytes / w['old'] / 1e6:5.1f} GB/s)"
+              f" | new {w['new']:7.2f} wall {c['new']:7.2f} CPU ({nbytes / w['new'] / 1e6:5.1f} GB/s) | old/new wall "
+              f"{w['old'] / w['new']:.2f}x CPU {c['old'] / c['new']:.2f}x | max |old - new| {err:.2e} "
+              f"| K/V {nbytes / 1e6:.0f} MB per step")
+
+
+if __name__ == "__main__":
+    main()

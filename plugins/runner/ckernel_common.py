@@ -1,0 +1,122 @@
+"""The attention kernel's shared C helpers (cpu_kernel.py puts the pieces together): headers, one K/V row as fp32,
+16 values as fp32, the 16-way transposing horizontal sum, a row softmax with its log-sum-exp, bf16 pair dot products,
+a vector e^x, and pinning the OpenMP team to CPUs."""
+
+SOURCE = r"""
+#define _GNU_SOURCE
+#include <sched.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+/* One K/V row (d values, fp32 or bf16 bits) of slot `row` as fp32 into dst. */
+static inline void load_row(float *dst, const void *base, int64_t row, int64_t d, int bf16) {
+    if (bf16) {
+        const uint16_t *src = (const uint16_t *)base + row * d;
+        int64_t i = 0;
+#if defined(__AVX512F__)
+        for (; i + 16 <= d; i += 16)
+            _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i))), 16)));
+#endif
+        for (; i < d; i++) {
+            uint32_t u = (uint32_t)src[i] << 16;
+            memcpy(&dst[i], &u, 4);
+        }
+    } else {
+        memcpy(dst, (const float *)base + row * d, (size_t)d * 4);
+    }
+}
+
+#if defined(__AVX512F__)
+static inline __m512 load16(const void *base, int64_t off, int bf16) {
+    if (bf16) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + off));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    return _mm512_loadu_ps((const float *)base + off);
+}
+#endif
+
+#if defined(__AVX512F__)
+/* out[k] = sum of v[k]'s 16 lanes: four rounds of shuffles and adds, then one permutation. */
+static inline __m512 hsum16(__m512 *v) {
+    __m512 w[8], x[4], y[2];
+    for (int i = 0; i < 8; i++)
+        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)
+        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++)
+        y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0xEE));
+    const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
+    /* z[4 * L + e] holds key 4 * e + L's sum (L: 128-bit lane) */
+    const __m512i idx = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    return _mm512_permutexvar_ps(idx, z);
+}
+
+/* softmax of each head's `len` scores (rows of `scores`), in place; with `lse`, each head's log-sum-exp of its
+ * scores there (lse[hh] = max + log(sum of exp(s - max))): what merging with another part's softmax needs */
+static inline void softmax_rows(float *scores, int64_t hq, int64_t len, float *lse) {
+    for (int64_t hh = 0; hh < hq; hh++) {
+        float *sc = scores + hh * len;
+        float m = -INFINITY, sum = 0.f;
+        for (int64_t j = 0; j < len; j++) m = sc[j] > m ? sc[j] : m;
+        for (int64_t j = 0; j < len; j++) { sc[j] = expf(sc[j] - m); sum += sc[j]; }
+        const float inv = 1.f / sum;
+        for (int64_t j = 0; j < len; j++) sc[j] *= inv;
+        if (lse) lse[hh] = m + logf(sum);
+    }
+}
+
+#if defined(__AVX512BF16__)
+/* 16 fp32 partial sums of q . k over d bf16 values (d % 32 == 0); their sum is the dot product */
+static inline __m512 dot_bf16(const uint16_t *q, const uint16_t *k, int64_t d) {
+    __m512 a = _mm512_setzero_ps();
+    for (int64_t w = 0; w < d; w += 32)
+        a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512((const void *)(q + w)),
+                             (__m512bh)_mm512_loadu_si512((const void *)(k + w)));
+    return a;
+}
+#endif
+
+/* e^x for 16 lanes (x <= 0 here: scores minus their maximum), |relative error| ~1e-7: x = n ln2 + r, |r| <= ln2/2,
+ * e^r by its Taylor polynomial to r^7, times 2^n */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+    __m512 p = _mm512_set1_ps(1.f / 5040.f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
+
+/* Pin the calling thread and the OpenMP team it leads (torch's too: one runtime) to cpus[0..n).
+ * Returns how many threads were pinned. */
+int bind_threads(const int *cpus, int n) {
+    int ok = 0;
+    #pragma omp parallel num_threads(n) reduction(+:ok)
+    {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(cpus[omp_get_thread_num()], &set);
+        ok += sched_setaffinity(0, sizeof(set), &set) == 0;
+    }
+    return ok;
+}
+"""
