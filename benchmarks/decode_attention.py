@@ -6,9 +6,9 @@ side by side (as benchmarks/w2_offline_before_after.py does), steps alternating 
         [--base c41cbb6] [--threads 1] [--steps 12] [--shape 32x192 --shape 16x2048 --shape 4x4096]
 
 Shapes are rows x context: W1's decode (32 x ~192), W3's decode (16 x 2,048) and 4 long private rows (4 x 4,096);
-W1's attention (8 layers, 8 heads x 64, MHA, bf16 cache in blocks of 16 scattered over the pool, one cache per
+W1's attention (8 layers, 8 heads x 64, MHA, bf16 cache in blocks of 16 (--block-size) scattered over the pool, one cache per
 layer so the K/V comes from memory as in a real step). Per shape: median wall and process-CPU ms per step of all
-layers for each side, their ratios, and the K/V bytes read per step over the wall time (GB/s), next to a plain
+layers for each side, their ratios (on more than one thread also today's code with rows never split: "whole"), and the K/V bytes read per step over the wall time (GB/s), next to a plain
 sequential read of 256 MB on the same threads (torch's sum over bf16).
 """
 from __future__ import annotations
@@ -28,11 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 import runner_before_after as rba  # noqa: E402
-from modelcall.plugins.runner import attention  # noqa: E402
+from modelcall.plugins.runner import attention, cpu_kernel  # noqa: E402
 from modelcall.plugins.runner.batch import StepBatch, _context_slots  # noqa: E402
-
-BS = 16
-
 
 class Layer:
     """What paged_attention reads of the HF attention module."""
@@ -41,16 +38,16 @@ class Layer:
         self.layer_idx = i
 
 
-def make(rows: int, ctx: int, layers: int, heads: int, kv_heads: int, d: int, seed: int = 0):
+def make(rows: int, ctx: int, layers: int, heads: int, kv_heads: int, d: int, bs: int = 16, seed: int = 0):
     """(call(fn) -> output of the last layer, K/V bytes read per step): one decode step of `rows` rows at context
     `ctx` (positions ctx - 1), each layer through fn = some attention.paged_attention."""
     g = torch.Generator().manual_seed(seed)
-    nb = -(-ctx // BS)
+    nb = -(-ctx // bs)
     pool = rows * nb + 1
     table = torch.randperm(pool, generator=g)[:rows * nb].view(rows, nb)
-    slots = _context_slots(table, torch.arange(ctx), BS)
-    caches = [(torch.randn(pool * BS, kv_heads, d, generator=g).bfloat16(),
-               torch.randn(pool * BS, kv_heads, d, generator=g).bfloat16()) for _ in range(layers)]
+    slots = _context_slots(table, torch.arange(ctx), bs)
+    caches = [(torch.randn(pool * bs, kv_heads, d, generator=g).bfloat16(),
+               torch.randn(pool * bs, kv_heads, d, generator=g).bfloat16()) for _ in range(layers)]
     qkv = torch.randn(rows, (heads + 2 * kv_heads) * d, generator=g).bfloat16()
     pos = torch.full((rows,), ctx - 1)
     slot_mapping = slots[torch.arange(rows), pos].contiguous()
@@ -90,6 +87,7 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--block-size", type=int, default=16, help="tokens per cache block (the engine's default: 16)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     scratch = tempfile.mkdtemp(prefix="decode_attention_")
@@ -98,16 +96,25 @@ def main() -> None:
 
     old = importlib.import_module(f"{rba.BASE_PKG}.attention").paged_attention
     new = attention.paged_attention
-    print(f"threads {args.threads}, base {args.base}; sequential read {sequential_gbs():.1f} GB/s; load average "
+
+    def whole_rows(*a, **k):   # today's kernel with a row's keys never split across threads
+        split, cpu_kernel.MIN_SPLIT = cpu_kernel.MIN_SPLIT, 0
+        try:
+            return new(*a, **k)
+        finally:
+            cpu_kernel.MIN_SPLIT = split
+
+    sides = [("old", old), ("new", new)] + ([("whole", whole_rows)] if args.threads > 1 else [])
+    print(f"threads {args.threads}, base {args.base}, block size {args.block_size}; sequential read {sequential_gbs():.1f} GB/s; load average "
           f"{os.getloadavg()[0]:.1f}")
     for shape in args.shape or ["32x192", "16x2048", "4x4096"]:
         rows, ctx = (int(x) for x in shape.split("x"))
-        call, nbytes = make(rows, ctx, args.layers, args.heads, args.kv_heads, args.head_dim)
+        call, nbytes = make(rows, ctx, args.layers, args.heads, args.kv_heads, args.head_dim, args.block_size)
         err = (call(old).float() - call(new).float()).abs().max().item()
-        wall: dict[str, list[float]] = {"old": [], "new": []}
-        cpu: dict[str, list[float]] = {"old": [], "new": []}
+        wall: dict[str, list[float]] = {name: [] for name, _ in sides}
+        cpu: dict[str, list[float]] = {name: [] for name, _ in sides}
         for _ in range(args.steps):
-            for name, fn in (("old", old), ("new", new)):
+            for name, fn in sides:
                 c0, t0 = time.process_time(), time.perf_counter()
                 call(fn)
                 cpu[name].append((time.process_time() - c0) * 1e3)
@@ -118,6 +125,9 @@ def main() -> None:
               f" | new {w['new']:7.2f} wall {c['new']:7.2f} CPU ({nbytes / w['new'] / 1e6:5.1f} GB/s) | old/new wall "
               f"{w['old'] / w['new']:.2f}x CPU {c['old'] / c['new']:.2f}x | max |old - new| {err:.2e} "
               f"| K/V {nbytes / 1e6:.0f} MB per step")
+        if "whole" in w:
+            print(f"{'':14s}new with whole rows per thread (no split) {w['whole']:7.2f} ms wall {c['whole']:7.2f} CPU: "
+                  f"split/whole wall {w['whole'] / w['new']:.2f}x")
 
 
 if __name__ == "__main__":
