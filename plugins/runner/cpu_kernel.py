@@ -17,6 +17,16 @@ With AVX-512, `block_attention` takes many query rows over one run of keys at on
 rows sharing a cached prefix: cascade.py): per KV head, K and V are converted once and met by 32 query lanes at a
 time as two register-tiled GEMMs; 1.5-2.2x torch's CPU flash attention at prefill shapes (one thread, bf16).
 Either path can return each head's log-sum-exp, so two parts of one softmax can be merged.
+
+The C source is in modules with one idea each: ckernel_common (helpers), ckernel_rows (the fp32 and variant row
+kernels), ckernel_block (block_attention) and ckernel_decode (the entry: cache writes, the bf16 decode row kernel,
+rows split across threads). The decode call reads q in place from the packed QKV rows and writes the output in the
+model's dtype, so attention.py makes no copies around it.
+
+NOTE (measured here, one core): the pool's 16-token blocks (16 KB of K per block at W1's 8 x 64 heads) sit anywhere,
+and one core reads 16 KB blocks in random order at ~9.5 GB/s against ~22 GB/s in order (32 KB blocks ~12.4, 64 KB
+~16); the bf16 decode kernel runs at ~8.5 GB/s of K/V per CPU-second from DRAM, so block size and huge pages
+(THP_MEM_ALLOC_ENABLE=1 for torch's allocations: ~1.1x here) move it more than the arithmetic does.
 """
 from __future__ import annotations
 
