@@ -111,22 +111,23 @@ class LeanStack:
         eps, nq, nkv, d = self.eps, self.num_q, self.num_kv, self.head_dim
         fused_ops.add_rmsnorm(None, h, x, self.layers[0].norm1, eps)
         last = len(self.layers) - 1
+        heads = (nq, nkv, nkv)
+        act: torch.Tensor | None = None   # silu(gate) * up, one buffer for every layer (down reads it before the next)
         for i, L in enumerate(self.layers):
             qkv = L.qkv(x)
             fused_ops.rope(qkv, pos, self.cos, self.sin, nq, nkv, d, L.q_norm, L.k_norm, eps)
-            q = qkv[:, :nq * d].view(tokens, nq, d).transpose(0, 1).unsqueeze(0)           # [1, Hq, T, D] views
-            k = qkv[:, nq * d:(nq + nkv) * d].view(tokens, nkv, d).transpose(0, 1).unsqueeze(0)
-            v = qkv[:, (nq + nkv) * d:].view(tokens, nkv, d).transpose(0, 1).unsqueeze(0)
+            # [1, H, T, D] views of the packed rows, as the HF modules pass them: one view, then split by heads
+            q, k, v = qkv.view(1, tokens, nq + 2 * nkv, d).transpose(1, 2).split(heads, 1)
             o, _ = attention.paged_attention(L.attn, q, k, v, None, scaling=L.scale, sliding_window=L.window,
                                              modelcall_step=step)
             fused_ops.add_rmsnorm(L.o(o.reshape(tokens, nq * d)), h, x, L.norm2, eps)
             if L.gate_up is not None:
                 y = L.gate_up(x)
-                width = y.shape[1] // 2
-                gate, up = y[:, :width], y[:, width:]
+                gate, up = y.chunk(2, 1)
             else:
                 gate, up = L.gate(x), L.up(x)
-            act = gate.new_empty(gate.shape)
+            if act is None:
+                act = gate.new_empty(gate.shape)
             fused_ops.silu_mul(gate, up, act)
             fused_ops.add_rmsnorm(L.down(act), h, x, self.final_norm if i == last else self.layers[i + 1].norm1, eps)
         return x

@@ -165,15 +165,20 @@ class TorchModelRunner:
                 ids, logprobs = self.sampler.sample(logits, sampled)
             else:
                 ids, logprobs = [], None
-        token_ids: list[int | None] = [None] * len(plan.chunks)
-        lps: list[Any] | None = [None] * len(plan.chunks) if logprobs is not None else None
-        j = 0
-        for i, c in enumerate(plan.chunks):
-            if c.sample:
-                token_ids[i] = ids[j]
-                if lps is not None:
-                    lps[i] = logprobs[j]
-                j += 1
+        token_ids: list[int | None]
+        lps: list[Any] | None
+        if len(sampled) == len(plan.chunks):   # every chunk sampled (a decode step): the sampler's order is the plan's
+            token_ids, lps = list(ids), (list(logprobs) if logprobs is not None else None)
+        else:
+            token_ids = [None] * len(plan.chunks)
+            lps = [None] * len(plan.chunks) if logprobs is not None else None
+            j = 0
+            for i, c in enumerate(plan.chunks):
+                if c.sample:
+                    token_ids[i] = ids[j]
+                    if lps is not None:
+                        lps[i] = logprobs[j]
+                    j += 1
         out = StepOutput(token_ids=token_ids, logprobs=lps, forward_s=time.perf_counter() - t0)
         if spec is not None:
             out.spec_tokens = [None] * len(plan.chunks)
