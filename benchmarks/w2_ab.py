@@ -11,7 +11,8 @@ the timed run (threads named through `py-spy dump` when py-spy is found, else by
         --config 'spin0;GOMP_SPINCOUNT=0;--no-async-scheduling' [--config 'base;TREE=/tmp/old;...']
 
 A config is 'NAME;ENV=V ENV=V;serve flags'. TREE=DIR in its environment serves the `modelcall` package found
-in DIR (PYTHONPATH=DIR: a folder holding modelcall/{core,events,plugins,testing}, e.g. an older commit's).
+in DIR (PYTHONPATH=DIR: a folder holding modelcall/{core,events,plugins,testing}, e.g. an older commit's);
+CLIENT_TREE=DIR runs that config's `bench serve` client from DIR too.
 """
 from __future__ import annotations
 
@@ -86,6 +87,10 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         full = dict(os.environ)
         tree = env.pop("TREE", None)
+        client_tree = env.pop("CLIENT_TREE", None)
+        self.client_env = None
+        if client_tree:  # the bench client from another tree too
+            self.client_env = {**os.environ, "PYTHONPATH": client_tree}
         if tree:
             full["PYTHONPATH"] = tree + (os.pathsep + full["PYTHONPATH"] if full.get("PYTHONPATH") else "")
         full.update(env)
@@ -115,7 +120,7 @@ class Server:
         if num:
             cmd += ["--num-requests", str(num)]
         before = thread_cpu(self.proc.pid)
-        subprocess.run(cmd, check=True, capture_output=True)
+        subprocess.run(cmd, check=True, capture_output=True, env=self.client_env)
         after = thread_cpu(self.proc.pid)
         with open(out, encoding="utf-8") as f:
             d = json.load(f)

@@ -9,7 +9,8 @@
 # Environment: THREADS=2 (compute threads of both: modelcall --threads N; vLLM VLLM_CPU_OMP_THREADS_BIND=0-(N-1),
 # 1 = vLLM's own default binding: one core for compute, one reserved), PEER_BIND (vLLM's binding instead, e.g.
 # "nobind": N unpinned threads; pinned threads with vLLM's 5 ms spin collapse when other processes share the cores),
-# ROUNDS=3, OVERLAP="on off" (the modelcall servers to run), KEEP=DIR (keep the logs and JSON figures there),
+# ROUNDS=3, OVERLAP="on off" (the modelcall servers to run), SPINS="default" (for each, one modelcall server per
+# GOMP_SPINCOUNT listed, e.g. "default 0": the modelcall command's own spin and none), KEEP=DIR (keep the logs and JSON figures there),
 # PEER_VENV (vllm-cpu's venv, as ../shared/bench/vllm_peer.sh).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,6 +20,7 @@ mc=$repo/.venv/bin/modelcall
 threads=${THREADS:-2}
 rounds=${ROUNDS:-3}
 overlap=${OVERLAP:-on off}
+spins=${SPINS:-default}
 venv=${PEER_VENV:-$(dirname "$(mktemp -u)")/peer-vllm/venv}
 export OMP_WAIT_POLICY=PASSIVE
 scratch=${KEEP:-$(mktemp -d)}
@@ -64,13 +66,19 @@ if [ -z "$vbind" ] && [ "$threads" -gt 1 ]; then vbind=0-$((threads - 1)); fi
 ) >"$scratch/vllm.log" 2>&1 &
 pids+=($!); vpid=$!
 for mode in $overlap; do
+ for spin in $spins; do
   port=$(free_port)
   flag=--async-scheduling; [ "$mode" = off ] && flag=--no-async-scheduling
-  "$mc" serve --model "$scratch/model" --served-model-name w1 --dtype bfloat16 --max-model-len 2048 --threads "$threads" $flag \
-    --host 127.0.0.1 --port "$port" >"$scratch/mc-$mode.log" 2>&1 &
+  name=modelcall-overlap-$mode; [ "$spin" = default ] || name=$name-spin$spin
+  (
+    [ "$spin" = default ] || export GOMP_SPINCOUNT=$spin
+    exec "$mc" serve --model "$scratch/model" --served-model-name w1 --dtype bfloat16 --max-model-len 2048 \
+      --threads "$threads" $flag --host 127.0.0.1 --port "$port"
+  ) >"$scratch/$name.log" 2>&1 &
   pids+=($!)
-  names+=("modelcall-overlap-$mode") urls+=("http://127.0.0.1:$port") spids+=($!)
-  wait_up "http://127.0.0.1:$port" $! "$scratch/mc-$mode.log"
+  names+=("$name") urls+=("http://127.0.0.1:$port") spids+=($!)
+  wait_up "http://127.0.0.1:$port" $! "$scratch/$name.log"
+ done
 done
 names+=(vllm) urls+=("http://127.0.0.1:$vport") spids+=($vpid)
 wait_up "http://127.0.0.1:$vport" "$vpid" "$scratch/vllm.log"
