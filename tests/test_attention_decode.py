@@ -63,10 +63,18 @@ def run(q, k, v, step, d):
     return o[0]
 
 
+@pytest.fixture
+def split(monkeypatch):
+    """Turn on splitting a row's keys across threads (parts of at least `keys` keys); off by default."""
+    return lambda keys: monkeypatch.setattr(cpu_kernel, "MIN_SPLIT", keys)
+
+
 @pytest.mark.parametrize("hq,hkv,d", [(8, 8, 64), (6, 2, 64), (4, 1, 128), (8, 8, 32), (3, 3, 96)])
-@pytest.mark.parametrize("n_threads", [1, 2])
-def test_bf16_decode_equals_fp64_attention_and_writes_the_cache(hq, hkv, d, n_threads, threads):
+@pytest.mark.parametrize("n_threads,min_split", [(1, 0), (2, 0), (2, 256)])
+def test_bf16_decode_equals_fp64_attention_and_writes_the_cache(hq, hkv, d, n_threads, min_split, threads, split):
+    """With the split on, two threads cut the 700-token row in two and leave the 1-key row's second part empty."""
     threads(n_threads)
+    split(min_split)
     ctx = [1, 17, 130, 700, 33]
     q, k, v, kc, vc, step = decode_case(ctx, hq, hkv, d)
     before_k, before_v = kc.clone(), vc.clone()
@@ -83,9 +91,10 @@ def test_bf16_decode_equals_fp64_attention_and_writes_the_cache(hq, hkv, d, n_th
     assert err < 1.6e-2 * ref.abs().max().item(), err   # bf16 output: half an ulp is 2^-9 of the value
 
 
-def test_two_threads_split_few_long_rows_and_merge_by_log_sum_exp(threads):
-    """3 rows of 2-3K keys on two threads: each row's keys run in parts on both threads (MIN_SPLIT), merged by
-    log-sum-exp; the result matches fp64 and one thread's, and the log-sum-exp matches torch's."""
+def test_two_threads_split_few_long_rows_and_merge_by_log_sum_exp(threads, split):
+    """3 rows of 2-3K keys on two threads: each row's keys run in parts on both threads (MIN_SPLIT 256), merged
+    by log-sum-exp; the result matches fp64 and one thread's, and the log-sum-exp matches torch's."""
+    split(256)
     ctx = [3000, 2048, 1200]
     q, k, v, kc, vc, step = decode_case(ctx, 8, 8, 64, seed=3)
     q_rows = q[0].transpose(0, 1)

@@ -2,7 +2,8 @@
 cache's dtype) and `paged_attention` (n query tokens over their paged contexts), with `decode_row_bf16`, the row
 kernel for bf16 queries over a bf16 cache that reads whole K/V rows in slot order, one pass each. Queries
 are read in place from the packed QKV rows and the output is written in the model's dtype; with more threads than
-rows to keep them busy, a row's keys are split across threads and merged by log-sum-exp."""
+rows to keep them busy, a row's keys can be split across threads and merged by log-sum-exp (cpu_kernel.MIN_SPLIT;
+off by default: it did not pay on this shared machine)."""
 
 SOURCE = r"""
 /* fp32 -> bf16 as torch's .to(torch.bfloat16) rounds: to nearest, ties to even; a NaN becomes 0x7fc0 (a bit test,

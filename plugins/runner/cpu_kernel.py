@@ -40,9 +40,11 @@ from modelcall.plugins.runner import cbuild, ckernel_block, ckernel_common, cker
 # One library, one idea per source module (each module's docstring says which)
 SOURCE = "\n".join([ckernel_common.SOURCE, ckernel_rows.SOURCE, ckernel_block.SOURCE, ckernel_decode.SOURCE])
 
-# Splitting a row's keys across threads pays only with enough keys per part (each part re-reads the query and
-# pays a merge); below this, whole rows go to threads.
-MIN_SPLIT = 256
+# Keys per part when a row's keys are split across threads (few rows, more threads); 0: never split, whole rows go
+# to threads. NOTE: off by default: on this shared 2-core machine (load 4-6) splitting 1 x 4,096 and 4 x 4,096
+# decode rows over two threads was 0.81-0.98x the whole-row wall time in every interleaved run
+# (benchmarks/decode_attention.py --threads 2); 256 turns it on (tests/test_attention_decode.py covers it).
+MIN_SPLIT = 0
 
 def _declare(lib: ctypes.CDLL) -> None:
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
