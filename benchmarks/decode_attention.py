@@ -39,13 +39,16 @@ class Layer:
         self.layer_idx = i
 
 
-def make(rows: int, ctx: int, layers: int, heads: int, kv_heads: int, d: int, bs: int = 16, seed: int = 0):
+def make(rows: int, ctx: int, layers: int, heads: int, kv_heads: int, d: int, bs: int = 16, in_order: bool = False,
+         seed: int = 0):
     """(call(fn) -> output of the last layer, K/V bytes read per step): one decode step of `rows` rows at context
     `ctx` (positions ctx - 1), each layer through fn = some attention.paged_attention."""
     g = torch.Generator().manual_seed(seed)
     nb = -(-ctx // bs)
     pool = rows * nb + 1
-    table = torch.randperm(pool, generator=g)[:rows * nb].view(rows, nb)
+    # scattered: every block anywhere in the pool; in order: each row's blocks one after another (what a fresh
+    # prompt's prefill gets from the LRU free queue; the blocks decode adds later sit elsewhere)
+    table = (torch.arange(rows * nb) if in_order else torch.randperm(pool, generator=g)[:rows * nb]).view(rows, nb)
     slots = _context_slots(table, torch.arange(ctx), bs)
     caches = [(torch.randn(pool * bs, kv_heads, d, generator=g).bfloat16(),
                torch.randn(pool * bs, kv_heads, d, generator=g).bfloat16()) for _ in range(layers)]
@@ -89,6 +92,7 @@ def main() -> None:
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--block-size", type=int, default=16, help="tokens per cache block (the engine's default: 16)")
+    ap.add_argument("--in-order", action="store_true", help="each row's blocks consecutive in the pool (default: scattered)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     scratch = tempfile.mkdtemp(prefix="decode_attention_")
@@ -106,11 +110,13 @@ def main() -> None:
             cpu_kernel.MIN_SPLIT = default
 
     sides = [("old", old), ("new", new)] + ([("split", split_rows)] if args.threads > 1 else [])
-    print(f"threads {args.threads}, base {args.base}, block size {args.block_size}; sequential read {sequential_gbs():.1f} GB/s; load average "
+    print(f"threads {args.threads}, base {args.base}, block size {args.block_size}, "
+          f"{'blocks in order' if args.in_order else 'blocks scattered'}; sequential read {sequential_gbs():.1f} GB/s; load average "
           f"{os.getloadavg()[0]:.1f}")
     for shape in args.shape or ["32x192", "16x2048", "4x4096"]:
         rows, ctx = (int(x) for x in shape.split("x"))
-        call, nbytes = make(rows, ctx, args.layers, args.heads, args.kv_heads, args.head_dim, args.block_size)
+        call, nbytes = make(rows, ctx, args.layers, args.heads, args.kv_heads, args.head_dim, args.block_size,
+                            args.in_order)
         err = (call(old).float() - call(new).float()).abs().max().item()
         wall: dict[str, list[float]] = {name: [] for name, _ in sides}
         cpu: dict[str, list[float]] = {name: [] for name, _ in sides}
