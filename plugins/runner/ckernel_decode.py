@@ -175,7 +175,9 @@ void paged_attention(const void *q, int q_bf16, int64_t q_ts, void *out, int out
     /* parts' outputs and log-sum-exps: [n][parts][hq][d] and [n][parts][hq] */
     float *po = parts > 1 ? (float *)malloc(sizeof(float) * (size_t)(n * parts * hq * (d + 1))) : NULL;
     float *pl = po ? po + n * parts * hq * d : NULL;
-    #pragma omp parallel num_threads(nthreads)
+    /* no more threads than work items: a lone row (one long prompt decoding) wakes no one to wait for */
+    const int team = (int64_t)nthreads < n * parts ? nthreads : (int)(n * parts > 0 ? n * parts : 1);
+    #pragma omp parallel num_threads(team)
     {
         /* per-thread scratch: scores [hq][keys], 16 keys' partial dots per head, one output row, one q row, one K/V row */
         float *scores = (float *)malloc(sizeof(float) * (size_t)(hq * chunk + hq * 256 + 2 * hq * d + d + 64));
