@@ -3,6 +3,8 @@ thread leads the only one, and the command line sets a short spin of torch's wor
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -70,10 +72,35 @@ def test_a_two_thread_runner_leaves_no_team_in_its_loading_thread(demo_model_dir
     assert after == before                 # the loading thread's OpenMP worker is gone: the step thread's is the only one
 
 
-def test_the_command_line_sets_a_short_spin_unless_one_is_given():
+def test_the_command_line_sets_a_short_spin_and_huge_pages_unless_given():
     env: dict[str, str] = {"OMP_WAIT_POLICY": "PASSIVE"}
     compute_thread_defaults(env)
     assert env["GOMP_SPINCOUNT"] == COMPUTE_SPINCOUNT
-    given = {"GOMP_SPINCOUNT": "0"}        # an operator's "never spin" stays
+    assert env["THP_MEM_ALLOC_ENABLE"] == "1"
+    given = {"GOMP_SPINCOUNT": "0", "THP_MEM_ALLOC_ENABLE": "0"}   # an operator's "never spin", "no huge pages" stay
     compute_thread_defaults(given)
-    assert given["GOMP_SPINCOUNT"] == "0"
+    assert given == {"GOMP_SPINCOUNT": "0", "THP_MEM_ALLOC_ENABLE": "0"}
+
+
+def _thp_mode() -> str:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return f.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return "never"
+
+
+@pytest.mark.skipif(_thp_mode() == "never", reason="transparent huge pages are off on this machine")
+def test_with_the_defaults_a_large_cpu_tensor_sits_on_huge_pages():
+    probe = ("import os; from modelcall.plugins.cli.main import compute_thread_defaults; "
+             "compute_thread_defaults(os.environ); import torch; x = torch.zeros(64 * 2**20, dtype=torch.uint8); "
+             "print(next(int(l.split()[1]) for l in open('/proc/self/smaps_rollup') if l.startswith('AnonHugePages')))")
+
+    def huge_kb(**env: str) -> int:
+        base = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+        out = subprocess.run([sys.executable, "-c", probe], env={**base, "OMP_NUM_THREADS": "1", **env},
+                             capture_output=True, text=True, check=True)
+        return int(out.stdout.strip().splitlines()[-1])
+
+    assert huge_kb() >= 32 * 1024                       # most of the 64 MB tensor
+    assert huge_kb(THP_MEM_ALLOC_ENABLE="0") < 32 * 1024   # the operator's "off" is kept

@@ -35,8 +35,14 @@ def compute_thread_defaults(environ: MutableMapping[str, str]) -> None:
     it once, when it loads). Under OMP_WAIT_POLICY=PASSIVE libgomp does not spin at all, so each of a decode
     step's ~40 small GEMMs pays a futex wake-up of its second thread (70-100 us against a 50-270 us GEMM);
     vLLM's CPU workers spin 5 ms (KMP_BLOCKTIME=5) under the same setting. modelcall's spin about 1 ms: the
-    gaps inside a step, not the idle time between requests. An explicit GOMP_SPINCOUNT (0: never spin) wins."""
+    gaps inside a step, not the idle time between requests. An explicit GOMP_SPINCOUNT (0: never spin) wins.
+
+    And torch's CPU allocations of 2 MB or more go on transparent huge pages (THP_MEM_ALLOC_ENABLE=1, torch's own
+    switch; this machine's THP is "madvise", so nothing else gets them): the KV cache is read in 16-token blocks
+    scattered over gigabytes, and with 4 KB pages each block is a TLB miss (decode attention 1.06-1.26x, W1's
+    32 x 192 decode 9.6 -> 13.9-15.3 GB/s, benchmarks/decode_attention.py). An explicit value (0: off) wins."""
     environ.setdefault("GOMP_SPINCOUNT", COMPUTE_SPINCOUNT)
+    environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
