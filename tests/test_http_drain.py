@@ -26,7 +26,9 @@ def start_server(*args: str) -> tuple[subprocess.Popen, str]:
 
 
 def stream(url: str, out: list, started: threading.Event) -> None:
-    body = {"messages": [{"role": "user", "content": "drain me"}], "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+    # NOTE: long enough to outlast the refused request and the /ready check after SIGTERM: at 200 tokens the
+    # demo model's streams once finished, and the server exited, before /ready was asked (a whole-suite run).
+    body = {"messages": [{"role": "user", "content": "drain me"}], "max_tokens": 1000, "temperature": 0, "ignore_eos": True,
             "stream": True}
     lines = []
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
