@@ -7,6 +7,7 @@ that. Pushing is O(1) and never awaits; memory stays bounded because once the st
 """
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 
 import anyio
@@ -33,7 +34,7 @@ class RequestStream:
         self.request_id = request_id
         self.capacity = capacity
         self._items: deque[Event] = deque()
-        self._waiter: anyio.Event | None = None
+        self._waiter: asyncio.Future | anyio.Event | None = None
         self._done = False  # the terminal event has been handed to the consumer
         self.consumer_gone = False
         self.lagging_since: float | None = None
@@ -52,8 +53,12 @@ class RequestStream:
                 self.lagging_since = now()
         else:
             items.append(event)
-        if self._waiter is not None:
-            self._waiter.set()
+        w = self._waiter
+        if w is not None:
+            if not isinstance(w, asyncio.Future):
+                w.set()
+            elif not w.done():  # a consumer cancelled while it waited leaves its future cancelled
+                w.set_result(None)
 
     def close(self) -> None:
         """Consumer side: it will read no more (the kernel aborts an unfinished request)."""
@@ -67,8 +72,15 @@ class RequestStream:
         while not self._items:
             if self._done or self.consumer_gone:
                 raise StopAsyncIteration
-            self._waiter = anyio.Event()
-            await self._waiter.wait()
+            # NOTE: on asyncio a bare future per wait (one allocation, set by put) instead of an anyio.Event,
+            # which builds an asyncio.Event and its future each time: once per token per stream.
+            try:
+                waiter = self._waiter = asyncio.get_running_loop().create_future()
+            except RuntimeError:  # another anyio backend
+                self._waiter = anyio.Event()
+                await self._waiter.wait()
+            else:
+                await waiter
             self._waiter = None
         event = self._items.popleft()
         if not self._items:
