@@ -34,7 +34,8 @@ import ctypes
 
 import torch
 
-from modelcall.plugins.runner import cbuild, ckernel_block, ckernel_common, ckernel_decode, ckernel_rows
+from modelcall.plugins import cbuild
+from modelcall.plugins.runner import ckernel_block, ckernel_common, ckernel_decode, ckernel_rows
 
 
 # One library, one idea per source module (each module's docstring says which)

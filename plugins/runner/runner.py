@@ -13,7 +13,7 @@ import torch
 from modelcall.core import ConfigError, KernelConfig, SchedulePlan, StepOutput
 from modelcall.core.plan import kv_groups
 from modelcall.core.stages import Sampler
-from modelcall.plugins.runner import omp_team, attention, cpu_kernel, cuda_graphs, lean
+from modelcall.plugins.runner import attention, cpu_kernel, cuda_graphs, lean, omp_team
 from modelcall.plugins.runner.batch import DecodeState, StepBatch, build_step
 from modelcall.plugins.runner.loader import (
     build_spec, check_model_dir, resolve_placement, unsupported_features,
