@@ -38,27 +38,15 @@ def test_the_kernel_imports_no_framework_and_no_plugin(folder):
     assert not bad, "\n".join(bad)
 
 
-# Modules of modelcall.plugins that belong to no plugin, shared by several: plugins/cbuild.py builds the C kernels
-# of the runner (attention, fused ops) and the sampler (row argmax). They import nothing of modelcall.
-SHARED = {"cbuild"}
-
-
 def test_plugins_depend_on_core_protocols_never_on_another_plugins_internals():
     bad = []
     for path in _sources("plugins"):
         own = path.relative_to(ROOT / "plugins").parts[0]
         for line, mod in _imports(path):
             parts = mod.split(".")
-            if parts[:2] == ["modelcall", "plugins"] and len(parts) > 2 and parts[2] != own and parts[2] not in SHARED:
+            if parts[:2] == ["modelcall", "plugins"] and len(parts) > 2 and parts[2] != own:
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {mod}")
     assert not bad, "\n".join(bad)
-
-
-@pytest.mark.parametrize("name", sorted(SHARED))
-def test_shared_plugin_modules_are_single_files_that_import_no_modelcall_module(name):
-    path = ROOT / "plugins" / f"{name}.py"
-    assert path.is_file() and not (ROOT / "plugins" / name).exists()
-    assert not [mod for _, mod in _imports(path) if mod.startswith("modelcall")]
 
 
 def test_the_check_sees_a_cross_plugin_import(tmp_path):

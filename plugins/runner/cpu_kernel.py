@@ -34,7 +34,7 @@ import ctypes
 
 import torch
 
-from modelcall.plugins import cbuild
+from modelcall.core import native
 from modelcall.plugins.runner import ckernel_block, ckernel_common, ckernel_decode, ckernel_rows
 
 
@@ -61,7 +61,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.bind_threads.restype = i32
 
 
-_LIB = cbuild.OnceLibrary("paged_attention", SOURCE, _declare, "using the portable path")
+_LIB = native.OnceLibrary("paged_attention", SOURCE, _declare, "using the portable path")
 
 
 def load() -> ctypes.CDLL | None:

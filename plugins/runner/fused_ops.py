@@ -20,7 +20,7 @@ import ctypes
 
 import torch
 
-from modelcall.plugins.cbuild import OnceLibrary
+from modelcall.core.native import OnceLibrary
 
 SOURCE = r"""
 #include <stdint.h>

@@ -12,7 +12,7 @@ import ctypes
 
 import torch
 
-from modelcall.plugins.cbuild import OnceLibrary
+from modelcall.core.native import OnceLibrary
 
 SOURCE = r"""
 #include <stdint.h>

@@ -1,7 +1,8 @@
 """Compile a small C source into a shared library once per machine and load it with ctypes.
 
-Shared by the plugins that carry a C kernel (the runner's attention and fused ops, the sampler's argmax); it
-belongs to none of them, so no plugin imports another's internals to build its kernel.
+A service of the core to plugins that carry a C kernel (the runner's attention and fused ops, the sampler's
+argmax): it needs only the standard library and a C compiler, and with it no plugin imports another's internals
+to build its kernel.
 
 The library is cached under $MODELCALL_CACHE_DIR (default ~/.cache/modelcall)/kernels, named by a hash of
 the source, the compiler and its flags, so an edited source builds anew and an unchanged one loads at once.
