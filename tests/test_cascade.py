@@ -122,11 +122,12 @@ def test_variants_fall_back(small_groups):
 
 @pytest.mark.parametrize("m,hq,hkv,d,keys,dtype", [(70, 8, 8, 64, 200, torch.float32), (33, 8, 2, 64, 33, torch.bfloat16),
                                                   (5, 6, 3, 48, 300, torch.float32), (40, 4, 1, 32, 1000, torch.float32),
-                                                  (19, 6, 3, 48, 77, torch.bfloat16)])
+                                                  (19, 6, 3, 48, 77, torch.bfloat16), (21, 4, 2, 40, 150, torch.bfloat16)])
 def test_block_attention_with_causal_limits_equals_masked_softmax(m, hq, hkv, d, keys, dtype):
     """block_attention (the long prefill chunks' and the shared part's kernel): row r sees keys 0..last[r]; tiles of
-    32 lanes cut across rows and their group heads (GQA/MQA), a last partial tile, an odd key count, scattered slots.
-    bf16: both GEMMs on bf16 pairs, the probabilities rounded to bf16 for P V (as torch's flash attention)."""
+    32 lanes cut across rows and their group heads (GQA/MQA), a last partial tile, an odd key count, scattered slots,
+    head sizes off the 16 x 16 transposes (48, 40). bf16: both GEMMs on bf16 pairs, the probabilities rounded to bf16
+    for P V (as torch's flash attention). Into a bf16 `out`: the fp32 result's bits as .to(bf16) rounds them."""
     if not cpu_kernel.has_block_attention():
         pytest.skip("no AVX-512 kernel")
     g = torch.Generator().manual_seed(m + keys)
@@ -144,6 +145,10 @@ def test_block_attention_with_causal_limits_equals_masked_softmax(m, hq, hkv, d,
         want = (torch.softmax(s, -1) @ v).transpose(0, 1)
         assert (out.double() - want).abs().max().item() < (1e-5 if dtype == torch.float32 else 4e-3)
         assert (lse.double() - torch.logsumexp(s, -1).transpose(0, 1)).abs().max().item() < 1e-4
+        # written in the model's dtype: the same values, rounded as .to() rounds
+        into = torch.empty(m, hq, d, dtype=torch.bfloat16)
+        got, no_lse = cpu_kernel.block_attention(q, kc, vc, slots, d ** -0.5, last, with_lse=False, out=into)
+        assert got is into and no_lse is None and torch.equal(into, out.to(torch.bfloat16))
 
 
 def test_kernel_log_sum_exp_is_the_scores_log_sum_exp():

@@ -93,8 +93,8 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
         if blocked and g.q_len >= LONG_CHUNK:   # the C kernel over the K/V just written (same values: same dtype)
             last = _causal_keys(step, 0, g.q_len)
             for b in range(g.start, end, g.q_len):
-                out[b:b + g.q_len] = cpu_kernel.block_attention(q_rows[b:b + g.q_len], kc, vc, slot_mapping[b:b + g.q_len],
-                                                                var.scale, last, with_lse=False)[0]
+                cpu_kernel.block_attention(q_rows[b:b + g.q_len], kc, vc, slot_mapping[b:b + g.q_len], var.scale, last,
+                                           with_lse=False, out=out[b:b + g.q_len])
             continue
         q = query[0, :, g.start:end].unflatten(1, (g.num_seqs, g.q_len)).transpose(0, 1)   # [B, Hq, q, D]
         k = key[0, :, g.start:end].unflatten(1, (g.num_seqs, g.q_len)).transpose(0, 1)
@@ -198,8 +198,8 @@ def _paged_split(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, step:
     blocked = cpu_kernel.has_block_attention()
     for row, q, ctx, s in long:
         if blocked:
-            out[row:row + q] = cpu_kernel.block_attention(q_rows[row:row + q], kc, vc, slots[s, :ctx], var.scale,
-                                                          _causal_keys(step, ctx - q, q), with_lse=False)[0]
+            cpu_kernel.block_attention(q_rows[row:row + q], kc, vc, slots[s, :ctx], var.scale,
+                                       _causal_keys(step, ctx - q, q), with_lse=False, out=out[row:row + q])
         else:
             out[row:row + q] = _chunk_attention(q_rows[row:row + q], kc, vc, slots[s, :ctx], var.scale)
     return out

@@ -23,13 +23,43 @@ static inline void tile8x32(const float *b, int64_t ks, int64_t ts, int64_t nk, 
     }
 }
 
+/* r[c][k] = r[k][c] for 16 rows of 16 32-bit values: four rounds that swap the off-diagonal halves of ever smaller
+ * blocks (8, 4, 2, 1), two permutations per pair of rows each */
+static inline void transpose16(__m512i *r) {
+    for (int b = 8; b >= 1; b >>= 1) {
+        int32_t lo[16], hi[16];
+        for (int c = 0; c < 16; c++) {
+            lo[c] = (c & b) ? 16 + c - b : c;
+            hi[c] = (c & b) ? 16 + c : c + b;
+        }
+        const __m512i il = _mm512_loadu_si512((const void *)lo), ih = _mm512_loadu_si512((const void *)hi);
+        for (int i = 0; i < 16; i++)
+            if (!(i & b)) {
+                const __m512i x = r[i], y = r[i + b];
+                r[i] = _mm512_permutex2var_epi32(x, il, y);
+                r[i + b] = _mm512_permutex2var_epi32(x, ih, y);
+            }
+    }
+}
+
+/* 16 fp32 values to dst as fp32 or as bf16 rounded the way torch's .to(torch.bfloat16) rounds (nearest, ties to
+ * even; a NaN becomes 0x7fc0) */
+static inline void store16(void *dst, int bf16, __m512 x) {
+    if (!bf16) { _mm512_storeu_ps((float *)dst, x); return; }
+    const __m512i u = _mm512_castps_si512(x);
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                  _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)))), 16);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                         _mm512_set1_epi32(0x7f800000)), _mm512_set1_epi32(0x7fc0));
+    _mm256_storeu_si256((__m256i *)dst, _mm512_cvtepi32_epi16(r));
+}
+
 #if defined(__AVX512BF16__)
-/* tile8x32 on bf16 pairs: dst[k][0..32) = scale * sum over t < n of pair rows[k][t * ts] . pair v[t][0..32) (each
- * 32-bit value two bf16), AVX512-BF16 dot products: S = K Q^T (keys straight from a bf16 cache, query pairs along
- * the head dim; bf16 x bf16 products are exact in fp32) and O^T = V^T P (V and P paired along the keys) */
-static inline void tile8x32_bf16(const uint32_t *const *rows, int64_t ts, int64_t nk, const uint32_t *v, int64_t n,
-                                 float scale, float *dst) {
-    __m512 a[8][2];
+/* tile8x32 on bf16 pairs: a[k][0..32) = sum over t < n of pair rows[k][t * ts] . pair v[t][0..32) (each 32-bit
+ * value two bf16), AVX512-BF16 dot products: S = K Q^T (keys straight from a bf16 cache, query pairs along the head
+ * dim; bf16 x bf16 products are exact in fp32) and O^T = V^T P (V and P paired along the keys) */
+static inline void acc8x32_bf16(const uint32_t *const *rows, int64_t ts, int64_t nk, const uint32_t *v, int64_t n,
+                                __m512 a[8][2]) {
     for (int k = 0; k < 8; k++) a[k][0] = a[k][1] = _mm512_setzero_ps();
     for (int64_t p = 0; p < n; p++) {
         const __m512bh q0 = (__m512bh)_mm512_load_si512((const void *)(v + p * 32));
@@ -40,11 +70,36 @@ static inline void tile8x32_bf16(const uint32_t *const *rows, int64_t ts, int64_
             a[k][1] = _mm512_dpbf16_ps(a[k][1], x, q1);
         }
     }
+}
+
+/* dst[k][0..32) = scale * a[k] of acc8x32_bf16 */
+static inline void tile8x32_bf16(const uint32_t *const *rows, int64_t ts, int64_t nk, const uint32_t *v, int64_t n,
+                                 float scale, float *dst) {
+    __m512 a[8][2];
+    acc8x32_bf16(rows, ts, nk, v, n, a);
     const __m512 vs = _mm512_set1_ps(scale);
     for (int k = 0; k < nk; k++) {
         _mm512_store_ps(dst + k * 32, _mm512_mul_ps(a[k][0], vs));
         _mm512_store_ps(dst + k * 32 + 16, _mm512_mul_ps(a[k][1], vs));
     }
+}
+
+/* tile8x32_bf16 for S = K Q^T of keys j0..j0+nk, with the causal mask and the running max fused in: lane l keeps
+ * key j only when j <= lim[l] (else -inf; lanes past every lim are only blended where j0 + k > lo, the least lim),
+ * and top[0..2) take the max of each half's kept scores: no second pass over S before the softmax */
+static inline void scores8x32_bf16(const uint32_t *const *rows, int64_t nk, const uint32_t *v, int64_t n, float scale,
+                                   float *dst, int64_t j0, const __m512i *lv, int32_t lo, __m512 *top) {
+    __m512 a[8][2];
+    acc8x32_bf16(rows, 1, nk, v, n, a);
+    const __m512 vs = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
+    for (int k = 0; k < nk; k++)
+        for (int h = 0; h < 2; h++) {
+            __m512 x = _mm512_mul_ps(a[k][h], vs);
+            if (j0 + k > lo)
+                x = _mm512_mask_blend_ps(_mm512_cmpge_epi32_mask(lv[h], _mm512_set1_epi32((int32_t)(j0 + k))), ninf, x);
+            _mm512_store_ps(dst + k * 32 + h * 16, x);
+            top[h] = _mm512_max_ps(top[h], x);
+        }
 }
 #endif
 
@@ -57,9 +112,12 @@ static inline void tile8x32_bf16(const uint32_t *const *rows, int64_t ts, int64_
  *     S[j][lane] = Kf[j] . Qt[.][lane] * scale, masked past lim; P = e^(S - max), sum; lse = max + log(sum)
  *     Ot[e][lane] = sum_j Vf[j][e] P[j][lane];  out[r][h*g+gi] = Ot[.][lane] / sum
  * fp32 math throughout (the products of bf16 values are exact in fp32), like the row-by-row paths. With bf16 queries
- * (qb) over a bf16 cache, S comes from AVX512-BF16 pair dot products of the cache's own bits (no Kf). */
-void block_attention(const float *q, const uint16_t *qb, float *out, float *lse, const void *kc, const void *vc,
-                     int bf16,
+ * (qb) over a bf16 cache, S comes from AVX512-BF16 pair dot products of the cache's own bits (no Kf), the mask and the
+ * max are taken as S leaves the registers, and e^(S - max) goes straight into the bf16 pairs of P V: one pass over
+ * S after the GEMM instead of three (W3's 1,920-token causal prefill, one thread: 1.12-1.22x the three passes).
+ * Queries in, and the output out (fp32 or bf16 rows, `out_bf16`), move through 16 x 16 register transposes. */
+void block_attention(const float *q, const uint16_t *qb, void *out, int out_bf16, float *lse, const void *kc,
+                     const void *vc, int bf16,
                      const int64_t *sl, int64_t len, const int64_t *lim, int64_t m, int64_t hq, int64_t hkv, int64_t d,
                      float scale, int nthreads) {
     const int64_t g = hq / hkv, mq = m * g, kp = (len + 1) / 2;
@@ -102,9 +160,9 @@ void block_attention(const float *q, const uint16_t *qb, float *out, float *lse,
     for (int64_t h = 0; h < hkv; h++) {
         /* lenp: every buffer below starts 64-byte aligned (the tiles' aligned loads) */
         const int64_t lenp = (len + 15) & ~(int64_t)15;
-        float *kf = (float *)aligned_alloc(64, sizeof(float) * (size_t)(2 * lenp * d + 2 * d * 32 + lenp * 32
-                                                                           + lenp * 16 + 64));
-        float *vf = kf + lenp * d, *qt = vf + lenp * d, *ot = qt + d * 32, *s = ot + d * 32, *mx = s + lenp * 32;
+        const int64_t kv = pairs ? 0 : lenp * d;   /* the fp32 K and V copies: not with bf16 pairs */
+        float *kf = (float *)aligned_alloc(64, sizeof(float) * (size_t)(2 * kv + 2 * d * 32 + lenp * 32 + lenp * 16 + 64));
+        float *vf = kf + kv, *qt = vf + kv, *ot = qt + d * 32, *s = ot + d * 32, *mx = s + lenp * 32;
         float *sum = mx + 32;   /* then pp: P paired along the keys, [kp][32] */
 #if defined(__AVX512BF16__)
         uint32_t *qp = (uint32_t *)qt, *pp = (uint32_t *)(mx + 64);
@@ -117,6 +175,8 @@ void block_attention(const float *q, const uint16_t *qb, float *out, float *lse,
         }
         for (int64_t i0 = 0; i0 < mq; i0 += 32) {
             const int64_t nl = mq - i0 < 32 ? mq - i0 : 32;
+            int64_t at[32];   /* lane l's (query row, head) as a row of q and out */
+            for (int64_t l = 0; l < nl; l++) at[l] = ((i0 + l) / g) * hq + h * g + (i0 + l) % g;
             int32_t lane_lim[32];
             int64_t keys = 0;
             for (int64_t l = 0; l < 32; l++) {
@@ -128,65 +188,63 @@ void block_attention(const float *q, const uint16_t *qb, float *out, float *lse,
             for (int64_t l = nl; l < 32; l++) lane_lim[l] = (int32_t)(keys - 1);
             if (!pairs) {
                 memset(qt, 0, sizeof(float) * (size_t)(d * 32));
-                for (int64_t l = 0; l < nl; l++) {
-                    const int64_t i = i0 + l;
-                    const float *qi = q + ((i / g) * hq + h * g + i % g) * d;
-                    for (int64_t e = 0; e < d; e++) qt[e * 32 + l] = qi[e] * scale;
-                }
+                for (int64_t l = 0; l < nl; l++)   /* q NULL: the bf16 queries, widened (exact) */
+                    for (int64_t e = 0; e < d; e++) {
+                        float x;
+                        if (q) x = q[at[l] * d + e];
+                        else { const uint32_t u = (uint32_t)qb[at[l] * d + e] << 16; memcpy(&x, &u, 4); }
+                        qt[e * 32 + l] = x * scale;
+                    }
             }
             /* S = K Q^T, 8 keys at a time */
 #if defined(__AVX512BF16__)
             if (pairs) {
-                memset(qp, 0, sizeof(uint32_t) * (size_t)(d / 2 * 32));
-                for (int64_t l = 0; l < nl; l++) {
-                    const int64_t i = i0 + l;
-                    const uint32_t *qi = (const uint32_t *)(qb + ((i / g) * hq + h * g + i % g) * d);
-                    for (int64_t p = 0; p < d / 2; p++) qp[p * 32 + l] = qi[p];
-                }
+                /* qp[p][l] = lane l's pair p: 16 x 16 transposes (zero lanes past nl), the rest one value at a time */
+                const int64_t dp = d / 2, dp16 = dp & ~(int64_t)15;
+                for (int64_t lb = 0; lb < 32; lb += 16)
+                    for (int64_t pb = 0; pb < dp16; pb += 16) {
+                        __m512i r[16];
+                        for (int k = 0; k < 16; k++)
+                            r[k] = lb + k < nl ? _mm512_loadu_si512((const void *)((const uint32_t *)(qb + at[lb + k] * d) + pb))
+                                               : _mm512_setzero_si512();
+                        transpose16(r);
+                        for (int c = 0; c < 16; c++) _mm512_store_si512((void *)(qp + (pb + c) * 32 + lb), r[c]);
+                    }
+                for (int64_t p = dp16; p < dp; p++)
+                    for (int64_t l = 0; l < 32; l++) qp[p * 32 + l] = l < nl ? ((const uint32_t *)(qb + at[l] * d))[p] : 0u;
+                __m512i lv[2];
+                __m512 top[2] = {_mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY)};
+                int32_t lo = lane_lim[0];
+                for (int l = 1; l < 32; l++) lo = lane_lim[l] < lo ? lane_lim[l] : lo;
+                lv[0] = _mm512_loadu_si512((const void *)lane_lim);
+                lv[1] = _mm512_loadu_si512((const void *)(lane_lim + 16));
                 for (int64_t j0 = 0; j0 < keys; j0 += 8) {
                     const uint32_t *kr[8];
                     const int64_t nk = keys - j0 < 8 ? keys - j0 : 8;
                     for (int64_t k = 0; k < nk; k++)
                         kr[k] = (const uint32_t *)(kh + (j0 + k) * d);
-                    tile8x32_bf16(kr, 1, nk, qp, d / 2, scale, s + j0 * 32);
+                    scores8x32_bf16(kr, nk, qp, d / 2, scale, s + j0 * 32, j0, lv, lo, top);
                 }
-            } else
-#endif
-            for (int64_t j0 = 0; j0 < keys; j0 += 8)
-                tile8x32(kf + j0 * d, d, 1, keys - j0 < 8 ? keys - j0 : 8, qt, d, s + j0 * 32);
-            for (int64_t half = 0; half < 32; half += 16) {
-                const __m512i lv = _mm512_loadu_si512((const void *)(lane_lim + half));
-                int32_t lo = lane_lim[half];
-                for (int l = 1; l < 16; l++) lo = lane_lim[half + l] < lo ? lane_lim[half + l] : lo;
-                __m512 top = _mm512_set1_ps(-INFINITY), tot = _mm512_setzero_ps();
-                for (int64_t j = 0; j < keys; j++) {   /* keys past a lane's lim: -inf, e^-inf = 0 */
-                    __m512 x = _mm512_load_ps(s + j * 32 + half);
-                    if (j > lo)
-                        x = _mm512_mask_blend_ps(_mm512_cmpge_epi32_mask(lv, _mm512_set1_epi32((int32_t)j)),
-                                                 _mm512_set1_ps(-INFINITY), x);
-                    _mm512_store_ps(s + j * 32 + half, x);
-                    top = _mm512_max_ps(top, x);
-                }
-                for (int64_t j = 0; j < keys; j++) {
-                    const __m512 p = exp16(_mm512_sub_ps(_mm512_load_ps(s + j * 32 + half), top));
-                    _mm512_store_ps(s + j * 32 + half, p);
-                    tot = _mm512_add_ps(tot, p);
-                }
-                _mm512_store_ps(mx + half, top);
-                _mm512_store_ps(sum + half, tot);
-            }
-            /* O^T = V^T P, 8 output dims at a time over the tile's keys */
-#if defined(__AVX512BF16__)
-            if (pairs) {
+                /* P = e^(S - max) straight into bf16 pairs along the keys (pp), the sums from the fp32 values */
                 const int64_t tp = (keys + 1) / 2;
-                for (int64_t jp = 0; jp < tp; jp++)
-                    for (int64_t half = 0; half < 32; half += 16) {
-                        const __m512i p0 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(s + 2 * jp * 32 + half)));
-                        const __m512i p1 = 2 * jp + 1 < keys
-                            ? _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(s + (2 * jp + 1) * 32 + half)))
-                            : _mm512_setzero_si512();
-                        _mm512_store_si512((void *)(pp + jp * 32 + half), _mm512_or_si512(p0, _mm512_slli_epi32(p1, 16)));
+                const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                                       23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+                for (int half = 0; half < 2; half++) {
+                    __m512 tot = _mm512_setzero_ps();
+                    const __m512 t = top[half];
+                    for (int64_t jp = 0; jp < tp; jp++) {
+                        const __m512 p0 = exp16(_mm512_sub_ps(_mm512_load_ps(s + 2 * jp * 32 + half * 16), t));
+                        const __m512 p1 = 2 * jp + 1 < keys
+                            ? exp16(_mm512_sub_ps(_mm512_load_ps(s + (2 * jp + 1) * 32 + half * 16), t))
+                            : _mm512_setzero_ps();
+                        tot = _mm512_add_ps(tot, _mm512_add_ps(p0, p1));
+                        /* lanes' (p0, p1) side by side: one 32-bit pair per lane */
+                        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
+                        _mm512_store_si512((void *)(pp + jp * 32 + half * 16), _mm512_permutexvar_epi16(inter, both));
                     }
+                    _mm512_store_ps(mx + half * 16, t);
+                    _mm512_store_ps(sum + half * 16, tot);
+                }
                 for (int64_t e0 = 0; e0 < d; e0 += 8) {
                     const uint32_t *vr[8];
                     for (int k = 0; k < 8; k++) vr[k] = vp + e0 + (e0 + k < d ? k : 0);
@@ -194,13 +252,53 @@ void block_attention(const float *q, const uint16_t *qb, float *out, float *lse,
                 }
             } else
 #endif
-            for (int64_t e0 = 0; e0 < d; e0 += 8)
-                tile8x32(vf + e0, 1, d, d - e0 < 8 ? d - e0 : 8, s, keys, ot + e0 * 32);
+            {   /* fp32: S = K Q^T, the masked softmax in place, O^T = V^T P (8 output dims at a time) */
+                for (int64_t j0 = 0; j0 < keys; j0 += 8)
+                    tile8x32(kf + j0 * d, d, 1, keys - j0 < 8 ? keys - j0 : 8, qt, d, s + j0 * 32);
+                for (int64_t half = 0; half < 32; half += 16) {
+                    const __m512i lv = _mm512_loadu_si512((const void *)(lane_lim + half));
+                    int32_t lo = lane_lim[half];
+                    for (int l = 1; l < 16; l++) lo = lane_lim[half + l] < lo ? lane_lim[half + l] : lo;
+                    __m512 top = _mm512_set1_ps(-INFINITY), tot = _mm512_setzero_ps();
+                    for (int64_t j = 0; j < keys; j++) {   /* keys past a lane's lim: -inf, e^-inf = 0 */
+                        __m512 x = _mm512_load_ps(s + j * 32 + half);
+                        if (j > lo)
+                            x = _mm512_mask_blend_ps(_mm512_cmpge_epi32_mask(lv, _mm512_set1_epi32((int32_t)j)),
+                                                     _mm512_set1_ps(-INFINITY), x);
+                        _mm512_store_ps(s + j * 32 + half, x);
+                        top = _mm512_max_ps(top, x);
+                    }
+                    for (int64_t j = 0; j < keys; j++) {
+                        const __m512 p = exp16(_mm512_sub_ps(_mm512_load_ps(s + j * 32 + half), top));
+                        _mm512_store_ps(s + j * 32 + half, p);
+                        tot = _mm512_add_ps(tot, p);
+                    }
+                    _mm512_store_ps(mx + half, top);
+                    _mm512_store_ps(sum + half, tot);
+                }
+                for (int64_t e0 = 0; e0 < d; e0 += 8)
+                    tile8x32(vf + e0, 1, d, d - e0 < 8 ? d - e0 : 8, s, keys, ot + e0 * 32);
+            }
+            /* out[at[l]] = Ot[.][l] / sum[l]: 16 x 16 transposes of Ot, the rest one value at a time */
+            const int64_t es = out_bf16 ? 2 : 4, d16 = d & ~(int64_t)15;
+            float inv[32];
+            for (int64_t l = 0; l < nl; l++) inv[l] = 1.f / sum[l];
+            for (int64_t lb = 0; lb < nl; lb += 16)
+                for (int64_t eb = 0; eb < d16; eb += 16) {
+                    __m512i r[16];
+                    for (int k = 0; k < 16; k++) r[k] = _mm512_load_si512((const void *)(ot + (eb + k) * 32 + lb));
+                    transpose16(r);
+                    for (int c = 0; c < 16 && lb + c < nl; c++)
+                        store16((char *)out + (at[lb + c] * d + eb) * es, out_bf16,
+                                _mm512_mul_ps(_mm512_castsi512_ps(r[c]), _mm512_set1_ps(inv[lb + c])));
+                }
             for (int64_t l = 0; l < nl; l++) {
-                const int64_t i = i0 + l, at = (i / g) * hq + h * g + i % g;
-                const float inv = 1.f / sum[l];
-                for (int64_t e = 0; e < d; e++) out[at * d + e] = ot[e * 32 + l] * inv;
-                if (lse) lse[at] = mx[l] + logf(sum[l]);
+                for (int64_t e = d16; e < d; e++) {
+                    const float x = ot[e * 32 + l] * inv[l];
+                    if (out_bf16) ((uint16_t *)out)[at[l] * d + e] = f32_to_bf16(x);
+                    else ((float *)out)[at[l] * d + e] = x;
+                }
+                if (lse) lse[at[l]] = mx[l] + logf(sum[l]);
             }
         }
         free(kf);

@@ -14,6 +14,15 @@ SOURCE = r"""
 #include <immintrin.h>
 #endif
 
+/* fp32 -> bf16 as torch's .to(torch.bfloat16) rounds: to nearest, ties to even; a NaN becomes 0x7fc0 (a bit test,
+ * not isnan: the kernels build with -ffast-math) */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 /* One K/V row (d values, fp32 or bf16 bits) of slot `row` as fp32 into dst. */
 static inline void load_row(float *dst, const void *base, int64_t row, int64_t d, int bf16) {
     if (bf16) {

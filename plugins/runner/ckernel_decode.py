@@ -6,15 +6,6 @@ rows to keep them busy, a row's keys can be split across threads and merged by l
 off by default: it did not pay on this shared machine)."""
 
 SOURCE = r"""
-/* fp32 -> bf16 as torch's .to(torch.bfloat16) rounds: to nearest, ties to even; a NaN becomes 0x7fc0 (a bit test,
- * not isnan: the kernels build with -ffast-math) */
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 /* n values of an fp32 row into dst as fp32 or (rounded as above) bf16 */
 static inline void store_row(void *dst, int dst_bf16, const float *src, int64_t n) {
     if (!dst_bf16) { memcpy(dst, src, sizeof(float) * (size_t)n); return; }

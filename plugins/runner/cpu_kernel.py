@@ -55,7 +55,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.write_kv.argtypes = [p, p, i64, i32, p, p, i32, p, i64, i64]
     lib.write_kv.restype = None
     if hasattr(lib, "block_attention"):   # AVX-512 machines only
-        lib.block_attention.argtypes = [p, p, p, p, p, p, i32, p, i64, p, i64, i64, i64, i64, f32, i32]
+        lib.block_attention.argtypes = [p, p, p, i32, p, p, p, i32, p, i64, p, i64, i64, i64, i64, f32, i32]
         lib.block_attention.restype = None
     lib.bind_threads.argtypes = [p, i32]
     lib.bind_threads.restype = i32
@@ -139,19 +139,25 @@ def has_block_attention() -> bool:
 
 def block_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
                     scale: float, last_key: torch.Tensor | None = None,
-                    with_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """([m, Hq, D] fp32, [m, Hq] fp32 log-sum-exp or None): the m query rows `q` ([m, Hq, D]) over the keys at
-    the cache slots `slots` ([L] int64); row r sees keys 0..last_key[r] (int64 [m]; None: all of them)."""
+                    with_lse: bool = True, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """([m, Hq, D] output, [m, Hq] fp32 log-sum-exp or None): the m query rows `q` ([m, Hq, D]) over the keys at
+    the cache slots `slots` ([L] int64); row r sees keys 0..last_key[r] (int64 [m]; None: all of them). The output
+    is written into `out` (contiguous, fp32 or bf16) when given, else into a new fp32 tensor."""
     lib = load()
     assert lib is not None
-    qb = q.contiguous() if q.dtype == torch.bfloat16 and kc.dtype == torch.bfloat16 else None   # pair dot products
-    q = q.float().contiguous()
     m, hq, d = q.shape
-    out = torch.empty_like(q)
+    # NOTE: bf16 queries over a bf16 cache are read as bf16 pairs (the dot products' own operands): no fp32 copy
+    pairs = q.dtype == torch.bfloat16 and kc.dtype == torch.bfloat16 and d % 2 == 0
+    qb = q.contiguous() if pairs else None
+    qf = None if pairs else q.float().contiguous()
+    if out is None:
+        out = torch.empty(m, hq, d)
+    assert out.is_contiguous() and out.shape == q.shape and out.dtype in (torch.float32, torch.bfloat16)
     lse = torch.empty(m, hq) if with_lse else None
     slots = slots.contiguous()
-    lib.block_attention(q.data_ptr(), qb.data_ptr() if qb is not None else None, out.data_ptr(), lse.data_ptr() if lse is not None else None, kc.data_ptr(),
-                        vc.data_ptr(), int(kc.dtype == torch.bfloat16), slots.data_ptr(), slots.numel(),
+    lib.block_attention(qf.data_ptr() if qf is not None else None, qb.data_ptr() if qb is not None else None,
+                        out.data_ptr(), int(out.dtype == torch.bfloat16), lse.data_ptr() if lse is not None else None,
+                        kc.data_ptr(), vc.data_ptr(), int(kc.dtype == torch.bfloat16), slots.data_ptr(), slots.numel(),
                         last_key.data_ptr() if last_key is not None else None, m, hq, kc.shape[1], d, scale,
                         torch.get_num_threads())
     return out, lse
