@@ -102,9 +102,13 @@ class ReplicatedServer:
 @pytest.fixture(scope="module")
 def server(demo_model_dir: str) -> Any:
     tmp = tempfile.mkdtemp(prefix="mcscale-", dir="/tmp")
-    saved = {k: os.environ.get(k) for k in ("HOME", "TMPDIR", "RAY_TMPDIR", "RAY_USAGE_STATS_ENABLED")}
+    saved = {k: os.environ.get(k) for k in ("HOME", "TMPDIR", "RAY_TMPDIR", "RAY_USAGE_STATS_ENABLED",
+                                            "MODELCALL_CACHE_DIR")}
     # NOTE: Ray writes its session, logs and sockets under HOME/TMPDIR: all in one temp dir, removed after.
-    os.environ.update(HOME=tmp, TMPDIR=tmp, RAY_TMPDIR=tmp, RAY_USAGE_STATS_ENABLED="0")
+    # modelcall's cache stays where it was: under the temp HOME each replica compiled the C kernels anew
+    # (~3 s CPU each, both on the one core the suite runs on) instead of loading the built ones.
+    cache = os.environ.get("MODELCALL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "modelcall")
+    os.environ.update(HOME=tmp, TMPDIR=tmp, RAY_TMPDIR=tmp, RAY_USAGE_STATS_ENABLED="0", MODELCALL_CACHE_DIR=cache)
     cov = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("COV_CORE_")}  # no coverage in workers
     t0 = time.monotonic()
     try:
