@@ -87,6 +87,8 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", default="77f8ef9")
     ap.add_argument("--runs", type=int, default=3)
+    # NOTE: bf16 as the W1/W3 scripts (auto lets a load-time probe pick fp32: no packed GEMMs, no lean stack)
+    ap.add_argument("--dtype", default="bfloat16", help="both sides' compute dtype (auto: the loader's probe)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--model")
     ap.add_argument("--dataset")
@@ -123,7 +125,7 @@ async def main() -> None:
         for name in ("base", "torch"):
             extra = json.loads(args.base_runner_config if name == "base" else args.runner_config)
             cfg = KernelConfig(model=args.model, runner=name, threads=args.threads, kv_cache_memory_gb=2.0,
-                               plugin_config={"runner": {"cpu_bind": "auto", **extra}})
+                               dtype=args.dtype, plugin_config={"runner": {"cpu_bind": "auto", **extra}})
             kernels[name] = await stack.enter_async_context(Kernel(cfg, plugins=[BaseRunnerPlugin(worktree)]))
             await w1_once(kernels[name], fresh_rows(0))   # warm-up (kernel build, oneDNN packing, caches)
         for r in range(args.runs):
