@@ -11,6 +11,11 @@ GEMM and attention fractions of the step, medians over the steps. With one threa
 one to read (a neighbour taking the core stretches wall time, not CPU time); with two, the OpenMP worker's CPU
 time is not the calling thread's, so wall fractions are printed.
 
+The ceiling is printed beside it: each timed step's K/V bytes (every request's context x layers x K and V x KV
+heads x head size x the cache's element size) over the sequential read rate of this machine, measured in the same
+run (the best of a few sums over a 256 MB bf16 tensor on the same threads), is the least time attention can take;
+GEMMs / (GEMMs + that floor) bounds the GEMM fraction of a step with nothing else in it.
+
 Then --profile-steps of them run under torch.profiler (CPU): the GEMM ops' share of all ops' self time and the
 top ops. NOTE: on this machine the profiler itself stretched a step ~3x (every op is recorded), so its fraction
 over the profiled step's wall undercounts; it is printed for the op table, not as the figure.
@@ -90,6 +95,8 @@ class StepProbe:
             setattr(fused_ops, name, self.fused.wrap(getattr(fused_ops, name)))
         runner.sampler.sample = self.sample
         self.rows: list[dict[str, float]] = []
+        self.kv_per_token = (runner.spec.num_layers * 2 * runner.spec.num_kv_heads * runner.spec.head_dim
+                             * runner.placement.kv_dtype.itemsize)   # bytes one context token's K and V take
         self.prof_gemm = self.prof_ops = 0.0
         self.prof_steps = 0
         self.table: dict[str, float] = {}
@@ -120,7 +127,8 @@ class StepProbe:
         wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
         (gw, gc), (aw, ac), (cw, cc) = self.gemm.take(), self.attn.take(), self.chunk.take()
         (bw, bc), (sw, sc), (fw, fc) = self.build.take(), self.sample.take(), self.fused.take()
-        self.rows.append({"wall": wall, "cpu": cpu, "gemm_wall": gw, "gemm_cpu": gc, "attn_wall": aw + cw,
+        kv = sum(c.request.num_computed_tokens + c.num_new_tokens for c in plan.chunks) * self.kv_per_token
+        self.rows.append({"kv_bytes": kv, "wall": wall, "cpu": cpu, "gemm_wall": gw, "gemm_cpu": gc, "attn_wall": aw + cw,
                           "attn_cpu": ac + cc, "build_wall": bw, "build_cpu": bc, "sample_wall": sw, "sample_cpu": sc,
                           "fused_wall": fw, "fused_cpu": fc})
         return out
@@ -150,7 +158,7 @@ async def run(args) -> None:
         kernel_lean = getattr(kernel.runner, "lean", None) is not None
     rows = [r for r in probe.rows if r]
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    frac = {k: statistics.median(r[k] / r[k.split("_")[1]] for r in rows) for k in rows[0] if "_" in k}
+    frac = {k: statistics.median(r[k] / r[k.split("_")[1]] for r in rows) for k in rows[0] if "_" in k and k != "kv_bytes"}
     print(f"W1 decode steps at batch {args.batch}, threads {args.threads}: {len(rows)} timed")
     print(f"  step        {med['wall'] * 1e3:7.2f} ms wall  {med['cpu'] * 1e3:7.2f} ms CPU (compute thread)")
     print(f"  GEMMs       {med['gemm_wall'] * 1e3:7.2f} ms wall  {med['gemm_cpu'] * 1e3:7.2f} ms CPU")
@@ -163,12 +171,32 @@ async def run(args) -> None:
     print(f"GEMM fraction of the decode step (wall): {frac['gemm_wall']:.3f}")
     print(f"GEMM fraction of the decode step (CPU time; read this one with 1 thread): {frac['gemm_cpu']:.3f}")
     print(f"attention fraction (wall): {frac['attn_wall']:.3f}, (CPU): {frac['attn_cpu']:.3f}")
+    rate = read_rate(args.threads)
+    floor = med["kv_bytes"] / rate
+    gemm = med["gemm_cpu"] if args.threads == 1 else med["gemm_wall"]
+    print(f"ceiling: K/V {med['kv_bytes'] / 1e6:.1f} MB per step at the sequential read rate {rate / 1e9:.1f} GB/s "
+          f"(measured now) = attention >= {floor * 1e3:.2f} ms; GEMM fraction <= {gemm / (gemm + floor):.3f} with "
+          f"nothing else in the step")
     if probe.prof_steps:
         n = probe.prof_steps
         print(f"torch.profiler, {n} steps: GEMM ops {probe.prof_gemm / n * 1e3:.2f} ms of {probe.prof_ops / n * 1e3:.2f} "
               f"ms self time of all ops ({probe.prof_gemm / probe.prof_ops:.3f}); top ops (ms per step):")
         for key, sec in sorted(probe.table.items(), key=lambda kv: -kv[1])[:10]:
             print(f"  {sec / n * 1e3:8.3f}  {key}")
+
+
+def read_rate(threads: int) -> float:
+    """Bytes per second of a plain sequential read on `threads` threads: the best of five sums of 256 MB."""
+    import torch
+
+    torch.set_num_threads(threads)
+    x = torch.ones(128 * 2**20, dtype=torch.bfloat16)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * x.element_size() / best
 
 
 def main() -> None:
