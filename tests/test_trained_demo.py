@@ -97,10 +97,10 @@ def _agent_turns(chat: dict) -> list[list[dict]]:
 def _training_prompts(tok, chat: dict) -> list[list[int]]:
     """The ids train.py conditions each learnt reply on: its system block, then its row up to the
     start of each learnt run (the first turn's call, the last turn's answer), in turn order."""
-    from modelcall.plugins.demo_model import train
+    from modelcall.plugins.demo_model import rows
     prompts = {}
-    for system, pieces in train.examples(tok, chat):
-        ((_, [(ids, mask)]),) = train.tokenize_rows(tok, [(system, pieces)]).items()
+    for system, pieces in rows.examples(tok, chat):
+        ((_, [(ids, mask)]),) = rows.tokenize_rows(tok, [(system, pieces)]).items()
         head = tok(system, add_special_tokens=False).input_ids
         for j in range(1, len(ids)):
             if mask[j] and not mask[j - 1]:
@@ -228,7 +228,7 @@ def test_the_trained_model_is_the_default_and_the_random_one_stays_available(mon
 
 def test_committed_weights_reproduce_their_measured_accuracy():
     """The accuracy in modelcall_demo.json is what `train.py --check` measures on the committed files."""
-    from modelcall.plugins.demo_model.train import measure
+    from modelcall.plugins.demo_model.measure import measure
     path = trained_model_dir()
     with open(os.path.join(path, "modelcall_demo.json"), encoding="utf-8") as f:
         meta = json.load(f)

@@ -40,19 +40,12 @@ import time
 from typing import Any
 
 from modelcall.plugins.demo_model import corpus
-from modelcall.plugins.demo_model.build import bpe_tokenizer
-from modelcall.plugins.demo_model.tools import calculator, evaluate, format_number, weather_of
+from modelcall.plugins.demo_model.measure import measure
+from modelcall.plugins.demo_model.rows import check_fast_render, examples, fast_render, tokenize_rows
+from modelcall.plugins.demo_model.vocab import CITY_NAMES, MAX_POSITIONS, build_tokenizer
 
 TRAINER_VERSION = "3"
 SEED = 0
-MAX_POSITIONS = 2048
-# Longest first, so "Mexico City" wins over a shorter name; cities as one piece (the space before one
-# apart, so "in Paris" and '"Paris' hold the same token), then numbers in groups of up to three digits,
-# operators with the spaces around them, one piece per Han character, then the stdlib tokenizer's split.
-_CITY_NAMES = sorted({name for pair in corpus.CITIES for name in pair}, key=lambda c: (-len(c), c))
-_CITY = "(?:" + "|".join(_CITY_NAMES) + ")"
-SPLIT = (r"\s(?=" + _CITY + ")|" + _CITY + r"|\p{N}{1,3}| ?[-+*/=×÷] ?|\p{Han}|(?i:'s|'t|'re|'ve|'m|'ll|'d)"
-         r"|[^\r\n\p{L}\p{N}]?\p{L}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 MODEL = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=4, head_dim=32, max_position_embeddings=MAX_POSITIONS,
              tie_word_embeddings=True, rope_theta=10000.0)
@@ -61,142 +54,6 @@ INDUCTION = dict(prev=2.5, match=5.0, copy=0.0, shared=0.5, write=0.03)
 # bare: the tool chats without their system block (warm-up); chats: every row as served
 TRAIN = dict(chats=12000, bare_steps=250, steps=2000, batch=32, lr=4e-3, warmup=30, weight_decay=0.01,
              copy_weight=4.0, induction=True)
-
-
-# ---- tokenizer ----------------------------------------------------------------------------------
-
-def build_tokenizer(texts: list[str]):  # -> transformers.PreTrainedTokenizerFast
-    """The demo models' BPE recipe trained on the corpus with this model's split, then one token for
-    every city name and every 1-3 digit group (merges appended, so nothing else tokenizes differently)."""
-    hf = bpe_tokenizer(lambda tok, trainer: tok.train_from_iterator(texts, trainer), SPLIT, MAX_POSITIONS)
-    units = [f"{i}" for i in range(10)] + [f"{i:02d}" for i in range(100)] + [f"{i:03d}" for i in range(1000)]
-    units += [f"{i}" for i in range(10, 1000)] + _CITY_NAMES
-    return _whole_units(hf, units)
-
-
-def _byte_chars() -> dict[int, str]:
-    # GPT-2's byte -> printable character table (what the ByteLevel pre-tokenizer emits)
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    table, extra = {b: chr(b) for b in keep}, 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
-def _bpe(parts: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
-    while len(parts) > 1:
-        best = min(((ranks.get((parts[i], parts[i + 1]), 1 << 60), i) for i in range(len(parts) - 1)))
-        if best[0] == 1 << 60:
-            break
-        i = best[1]
-        parts = parts[:i] + [parts[i] + parts[i + 1]] + parts[i + 2:]
-    return parts
-
-
-def _whole_units(hf: Any, units: list[str]):  # -> transformers.PreTrainedTokenizerFast
-    from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
-
-    spec = json.loads(hf.backend_tokenizer.to_str())
-    vocab, merges = spec["model"]["vocab"], spec["model"]["merges"]
-    ranks = {(a, b): i for i, (a, b) in enumerate(merges)}
-    table = _byte_chars()
-    next_id = max(max(vocab.values()), max(t["id"] for t in spec["added_tokens"])) + 1
-    for unit in dict.fromkeys(units):
-        parts = _bpe([table[b] for b in unit.encode("utf-8")], ranks)
-        while len(parts) > 1:  # a chain of merges left to right, ranked after every trained one
-            a, b = parts[0], parts[1]
-            ranks[(a, b)] = len(merges)
-            merges.append([a, b])
-            if a + b not in vocab:
-                vocab[a + b] = next_id
-                next_id += 1
-            parts = [a + b] + parts[2:]
-    out = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)), eos_token=hf.eos_token,
-                                  pad_token=hf.pad_token, model_max_length=MAX_POSITIONS)
-    out.chat_template = hf.chat_template
-    split = [u for u in units if len(out(u, add_special_tokens=False).input_ids) != 1]
-    assert not split, f"units that are not one token: {split[:5]}"
-    return out
-
-
-# ---- rows ---------------------------------------------------------------------------------------
-
-def render(tok: Any, messages: list[dict], tools: list[dict] | None, gen: bool = False) -> str:
-    return tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=gen)
-
-
-_FAST: list[Any] = []
-
-
-def fast_render(tok: Any, messages: list[dict], tools: list[dict] | None, gen: bool = False) -> str:
-    """`render` without transformers' per-call preparation (copies, checks): the compiled template
-    itself, a fifth of the time. `check_fast_render` holds it to `render` on a sample."""
-    if not _FAST:
-        try:
-            from transformers.utils.chat_template_utils import _compile_jinja_template
-            _FAST.append(_compile_jinja_template(tok.chat_template))
-        except ImportError:  # another transformers: the public path, slower
-            _FAST.append(None)
-    if _FAST[0] is None:
-        return render(tok, messages, tools, gen)
-    return _FAST[0].render(messages=messages, tools=tools, documents=None, add_generation_prompt=gen)
-
-
-def check_fast_render(tok: Any, chats: list[dict[str, Any]]) -> None:
-    for c in chats:
-        for gen in (False, True):
-            assert fast_render(tok, c["messages"], c["tools"], gen) == render(tok, c["messages"], c["tools"], gen)
-
-
-def examples(tok: Any, chat: dict[str, Any]) -> list[tuple[str, list[tuple[str, bool]]]]:
-    """A chat as training rows: (system block, [(text, learn it)]). A chat whose first call had a
-    `<think>` gives two rows, as a server sees them: the first turn with its thinking, and the whole
-    chat without it (the agent does not send reasoning back), learning the last answer only."""
-    tools, msgs = chat["tools"], chat["messages"]
-    system = fast_render(tok, msgs[:1], tools).split("<|im_start|>user", 1)[0]
-    rows = []
-    plain = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in msgs]
-    if any(m.get("reasoning_content") for m in msgs):
-        first = next(i for i, m in enumerate(msgs) if m["role"] == "assistant")
-        rows.append(_pieces(tok, msgs[:first + 1], tools, system, learn_from=first))
-        rows.append(_pieces(tok, plain, tools, system, learn_from=len(plain) - 1))
-    else:
-        rows.append(_pieces(tok, plain, tools, system, learn_from=0))
-    return [(system, r) for r in rows]
-
-
-def _pieces(tok: Any, msgs: list[dict], tools: Any, system: str, learn_from: int) -> list[tuple[str, bool]]:
-    out, done = [], system
-    for i, m in enumerate(msgs):
-        if m["role"] == "assistant":
-            prompt = fast_render(tok, msgs[:i], tools, gen=True)
-            out.append((prompt[len(done):], False))
-            full = fast_render(tok, msgs[:i + 1], tools)
-            reply = full[len(prompt):]
-            assert reply.endswith("<|im_end|>\n"), reply
-            out.append((reply[:-1], i >= learn_from))
-            out.append(("\n", False))
-            done = full
-    return out
-
-
-def tokenize_rows(tok: Any, rows: list[tuple[str, list[tuple[str, bool]]]]) -> dict[str, list]:
-    """Group rows by system block: {system text: [(ids, learn mask)]}. Each piece ends at a special
-    token, so the pieces' ids are the whole text's ids (the test checks against the server's)."""
-    groups: dict[str, list] = {}
-    texts = [text for _, pieces in rows for text, _ in pieces]
-    encoded = iter(tok(texts, add_special_tokens=False).input_ids if texts else [])
-    for system, pieces in rows:
-        ids, mask = [], []
-        for _, learn in pieces:
-            t = next(encoded)
-            ids += t
-            mask += [learn] * len(t)
-        groups.setdefault(system, []).append((ids, mask))
-    return groups
 
 
 # ---- training -----------------------------------------------------------------------------------
@@ -263,7 +120,7 @@ def _kin_embeddings(model: Any, tok: Any, torch: Any) -> None:
     direction to learn, not 96; the random parts, through the tied head, still name the token copied."""
     emb = model.get_input_embeddings().weight
     gen = torch.Generator().manual_seed(SEED)
-    kinds = [_CITY_NAMES, [f"{i}" for i in range(1000)] + [f"{i:02d}" for i in range(10)] +
+    kinds = [CITY_NAMES, [f"{i}" for i in range(1000)] + [f"{i:02d}" for i in range(10)] +
              [f"{i:03d}" for i in range(100)], [" * ", " + ", " - ", " / ", " = "]]
     with torch.no_grad():
         for units in kinds:
@@ -287,7 +144,7 @@ def _copying_values(model: Any, torch: Any) -> None:
 def _unit_ids(tok: Any) -> list[int]:
     """The tokens a reply copies from the prompt: digit groups, cities, operators."""
     units = ([f"{i}" for i in range(1000)] + [f"{i:02d}" for i in range(10)] + [f"{i:03d}" for i in range(100)]
-             + _CITY_NAMES + [" * ", " + ", " - ", " / "])
+             + CITY_NAMES + [" * ", " + ", " - ", " / "])
     return sorted({i for (i,) in tok(units, add_special_tokens=False).input_ids})
 
 
@@ -492,78 +349,6 @@ def _probe_score(model: Any, probe: dict[str, list], system_ids: dict[str, list[
             rows += len(batch)
             whole += int(ok.all(-1).sum())
     return f"tokens {right}/{tokens} rows {whole}/{rows}"
-
-
-# ---- measuring ----------------------------------------------------------------------------------
-
-def measure(model_dir: str, *, threads: int = 1, n: int = 40) -> dict[str, Any]:
-    """Greedy answers on held-out questions, the tool run between the two turns as an agent runs it:
-    arithmetic (held-out expressions, both languages), weather (every city, both languages)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch.set_num_threads(threads)
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    rng = random.Random(7)
-    tools = corpus.served_tools()
-    arith_ok = 0
-    for i, e in enumerate(corpus.held_out(n)):
-        q = rng.choice(corpus.ARITH_EN if i % 2 == 0 else corpus.ARITH_ZH).format(e=e)
-        arith_ok += arithmetic_correct(tok, model, tools, q, e)
-    weather_ok, cities = 0, 0
-    for en, zh in corpus.CITIES:
-        for name, lang in ((en, "en"), (zh, "zh")):
-            q = rng.choice(corpus.WEATHER_EN if lang == "en" else corpus.WEATHER_ZH).format(c=name)
-            weather_ok += weather_correct(tok, model, tools, q, name)
-            cities += 1
-    return {"arithmetic_held_out": {"asked": n, "correct": arith_ok},
-            "weather": {"asked": cities, "correct": weather_ok}}
-
-
-def _generate(tok: Any, model: Any, messages: list[dict], tools: list[dict], max_new: int = 64) -> str:
-    import torch
-    ids = tok(render(tok, messages, tools, gen=True), add_special_tokens=False, return_tensors="pt").input_ids
-    with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=max_new, do_sample=False)
-    return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-
-
-def parse_call(text: str) -> dict[str, Any] | None:
-    if "<tool_call>" not in text or "</tool_call>" not in text:
-        return None
-    body = text.split("<tool_call>", 1)[1].split("</tool_call>", 1)[0]
-    try:
-        call = json.loads(body)
-        return call if isinstance(call, dict) and isinstance(call.get("arguments"), dict) else None
-    except ValueError:
-        return None
-
-
-def arithmetic_correct(tok: Any, model: Any, tools: list[dict], question: str, expression: str) -> bool:
-    msgs: list[dict] = [{"role": "user", "content": question}]
-    call = parse_call(_generate(tok, model, msgs, tools))
-    if not call or call.get("name") != "calculator":
-        return False
-    try:
-        result = calculator(str(call["arguments"].get("expression", "")))
-    except ValueError:
-        return False
-    msgs += [{"role": "assistant", "content": "", "tool_calls": [corpus._call("calculator", call["arguments"])]},
-             {"role": "tool", "tool_call_id": "call_0_0", "content": result}]
-    answer = _generate(tok, model, msgs, tools)
-    return result == format_number(evaluate(expression)) and result in answer
-
-
-def weather_correct(tok: Any, model: Any, tools: list[dict], question: str, city: str) -> bool:
-    msgs: list[dict] = [{"role": "user", "content": question}]
-    call = parse_call(_generate(tok, model, msgs, tools))
-    if not call or call.get("name") != "get_weather" or call["arguments"].get("city") != city:
-        return False
-    report = weather_of(city)
-    msgs += [{"role": "assistant", "content": "", "tool_calls": [corpus._call("get_weather", call["arguments"])]},
-             {"role": "tool", "tool_call_id": "call_0_0", "content": json.dumps(report, ensure_ascii=False)}]
-    return f"{report['temperature_c']}°C" in _generate(tok, model, msgs, tools)
 
 
 def main(argv: list[str] | None = None) -> int:
