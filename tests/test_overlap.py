@@ -156,14 +156,16 @@ class ForwardProbe:
     it is held (True); without, the loop only publishes after the forward returned (False) and the
     held forward just runs late. `patience_s` covers the worker thread's start."""
 
-    def __init__(self, patience_s: float) -> None:
+    def __init__(self, patience_s: float, until_seen: bool = False) -> None:
         self.busy = threading.Event()
         self.looked = threading.Event()
         self.patience_s = patience_s
+        self.until_seen = until_seen   # a test that needs one overlapping token: no waiting once one was seen
         self.seen: list[bool] = []
 
     def observe(self, ev: TokensEmitted) -> None:
-        self.seen.append(self.busy.wait(self.patience_s))
+        patience = 0.0 if self.until_seen and any(self.seen) else self.patience_s
+        self.seen.append(self.busy.wait(patience))
         self.looked.set()
 
     def hold(self, execute, hold_s: float):

@@ -173,7 +173,7 @@ async def test_speculation_under_async_scheduling_keeps_outputs_and_stops(make_k
     a stop token inside an accepted draft ends the request there, and tokens are published while the next
     forward runs."""
     oracle = OracleProposer({tuple(p): r for p, r in zip(PROMPTS, references)})
-    probe = ForwardProbe(patience_s=0.05)  # lenient: any one token published during a forward will do
+    probe = ForwardProbe(patience_s=0.05, until_seen=True)  # lenient: any one token published during a forward will do
     async with make_kernel(plugins=[oracle, probe], model=demo_model_dir, block_size=16, num_kv_blocks=7,
                            max_num_batched_tokens=24, async_scheduling=True,
                            speculative_config={"method": "ngram", "num_speculative_tokens": 4}) as kernel:
