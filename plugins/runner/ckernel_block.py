@@ -42,18 +42,6 @@ static inline void transpose16(__m512i *r) {
     }
 }
 
-/* 16 fp32 values to dst as fp32 or as bf16 rounded the way torch's .to(torch.bfloat16) rounds (nearest, ties to
- * even; a NaN becomes 0x7fc0) */
-static inline void store16(void *dst, int bf16, __m512 x) {
-    if (!bf16) { _mm512_storeu_ps((float *)dst, x); return; }
-    const __m512i u = _mm512_castps_si512(x);
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
-                                  _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)))), 16);
-    r = _mm512_mask_mov_epi32(r, _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                         _mm512_set1_epi32(0x7f800000)), _mm512_set1_epi32(0x7fc0));
-    _mm256_storeu_si256((__m256i *)dst, _mm512_cvtepi32_epi16(r));
-}
-
 #if defined(__AVX512BF16__)
 /* tile8x32 on bf16 pairs: a[k][0..32) = sum over t < n of pair rows[k][t * ts] . pair v[t][0..32) (each 32-bit
  * value two bf16), AVX512-BF16 dot products: S = K Q^T (keys straight from a bf16 cache, query pairs along the head

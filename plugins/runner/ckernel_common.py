@@ -1,4 +1,5 @@
-"""The attention kernel's shared C helpers (cpu_kernel.py puts the pieces together): headers, one K/V row as fp32,
+"""The attention kernel's shared C helpers (cpu_kernel.py puts the pieces together): headers, fp32 -> bf16 rounded as
+torch rounds (one value, 16, a row), one K/V row as fp32,
 16 values as fp32, the 16-way transposing horizontal sum, a row softmax with its log-sum-exp, bf16 pair dot products,
 a vector e^x, and pinning the OpenMP team to CPUs."""
 
@@ -21,6 +22,31 @@ static inline uint16_t f32_to_bf16(float f) {
     memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+#if defined(__AVX512F__)
+/* 16 fp32 values to dst as fp32 or as bf16 rounded the way torch's .to(torch.bfloat16) rounds (nearest, ties to
+ * even; a NaN becomes 0x7fc0) */
+static inline void store16(void *dst, int bf16, __m512 x) {
+    if (!bf16) { _mm512_storeu_ps((float *)dst, x); return; }
+    const __m512i u = _mm512_castps_si512(x);
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                  _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)))), 16);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                         _mm512_set1_epi32(0x7f800000)), _mm512_set1_epi32(0x7fc0));
+    _mm256_storeu_si256((__m256i *)dst, _mm512_cvtepi32_epi16(r));
+}
+#endif
+
+/* n values of an fp32 row into dst as fp32 or bf16 (rounded as f32_to_bf16 rounds) */
+static inline void store_row(void *dst, int dst_bf16, const float *src, int64_t n) {
+    if (!dst_bf16) { memcpy(dst, src, sizeof(float) * (size_t)n); return; }
+    uint16_t *o = (uint16_t *)dst;
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16) store16(o + i, 1, _mm512_loadu_ps(src + i));
+#endif
+    for (; i < n; i++) o[i] = f32_to_bf16(src[i]);
 }
 
 /* One K/V row (d values, fp32 or bf16 bits) of slot `row` as fp32 into dst. */

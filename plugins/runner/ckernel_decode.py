@@ -6,24 +6,6 @@ rows to keep them busy, a row's keys can be split across threads and merged by l
 off by default: it did not pay on this shared machine)."""
 
 SOURCE = r"""
-/* n values of an fp32 row into dst as fp32 or (rounded as above) bf16 */
-static inline void store_row(void *dst, int dst_bf16, const float *src, int64_t n) {
-    if (!dst_bf16) { memcpy(dst, src, sizeof(float) * (size_t)n); return; }
-    uint16_t *o = (uint16_t *)dst;
-    int64_t i = 0;
-#if defined(__AVX512F__)
-    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff), abs = _mm512_set1_epi32(0x7fffffff);
-    const __m512i inf = _mm512_set1_epi32(0x7f800000), qnan = _mm512_set1_epi32(0x7fc0);
-    for (; i + 16 <= n; i += 16) {
-        const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(src + i));
-        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one))), 16);
-        r = _mm512_mask_mov_epi32(r, _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf), qnan);
-        _mm256_storeu_si256((__m256i *)(o + i), _mm512_cvtepi32_epi16(r));
-    }
-#endif
-    for (; i < n; i++) o[i] = f32_to_bf16(src[i]);
-}
-
 /* n values (fp32 or bf16) into dst (fp32 or bf16): a copy, a widening (exact) or a rounding */
 static inline void copy_row(void *dst, int dst_bf16, const void *src, int src_bf16, int64_t n) {
     if (dst_bf16 == src_bf16) { memcpy(dst, src, (size_t)n * (src_bf16 ? 2 : 4)); return; }
