@@ -21,13 +21,15 @@ prompt + decode/2 context) and of a prefill (ttft_requests x ttft_prompt queries
 the cache), is checked against the torch path in fp32, and timed (CUDA-event median); the fastest correct one is
 `chosen` and the engine figures run with it (runner `attention`). The bytes floor is K and V read once.
 On the CPU dry run the Triton kernel runs in its interpreter (TRITON_INTERPRET=1): checked, not timed usefully.
+
+This file holds the engine figures and the run; gpu_attention.py (the candidates), gpu_parity.py (greedy parity)
+and gpu_common.py (model, prompts, bandwidth, the step observer) sit beside it.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -36,8 +38,11 @@ import traceback
 from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-from modelcall.core import hookimpl  # noqa: E402
-from modelcall.events import StepDone  # noqa: E402
+from gpu_attention import attention_figure  # noqa: E402
+from gpu_common import (  # noqa: E402
+    StepLog, build_model_dir, complete_all, kv_bytes_per_token, measure_bandwidth, random_prompts, sync,
+)
+from gpu_parity import parity  # noqa: E402
 
 # Llama 3.2 1B's shape: 1.24e9 parameters with tied embeddings.
 FULL = dict(model=dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
@@ -55,191 +60,8 @@ DRY = dict(model=dict(vocab_size=512, hidden_size=64, intermediate_size=128, num
                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512),
            parity_prompts=3, parity_tokens=8, copy_bytes=32 << 20, kv_gb=0.25, batched_tokens=512)
 
-# bf16 greedy parity: where the two greedy sequences first differ, the fp32 reference's logit of
-# transformers' token minus that of modelcall's token must be at most this fraction of the reference's
-# largest |logit| (a near-tie that bf16 rounding may flip); before that point the tokens are equal.
-BF16_TIE_TOLERANCE = 2e-2
 FIGURE_KEYS = ("device", "model", "bandwidth", "attention", "decode", "transformers_decode", "ttft", "cuda_graphs",
                "parity_fp32", "parity_bf16")
-ATTENTION_TOL = {"float32": 1e-4, "bfloat16": 2e-2}   # |candidate - torch path in fp32|, outputs of size ~1
-
-
-def sync(device: Any) -> None:
-    import torch
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def build_model_dir(shape: dict, dtype: Any, device: Any, into: str, seed: int = 0) -> tuple[str, int, int]:
-    """A random Llama built on `device`, saved to `into`; (dir, parameters, bytes of weights)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, **shape)
-    with torch.device(device):
-        model = LlamaForCausalLM(cfg).to(dtype)
-    params = sum(p.numel() for p in model.parameters())       # tied weights counted once
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    model.save_pretrained(into)
-    save_word_tokenizer(into, shape["vocab_size"])
-    del model
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return into, params, weight_bytes
-
-
-def save_word_tokenizer(into: str, vocab: int) -> None:
-    """One word per id ("t17"): the engine loads a tokenizer with every model; these prompts are ids."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", pad_token="t0", bos_token="t1",
-                            eos_token="t2").save_pretrained(into)
-
-
-def measure_bandwidth(device: Any, nbytes: int) -> dict:
-    """A device-to-device copy, counting bytes read plus bytes written (median of 20 after 3 warm-ups)."""
-    import torch
-
-    src = torch.randn(nbytes // 4, device=device)      # random, never zeros (METHOD.md)
-    dst = torch.empty_like(src)
-    times = []
-    for i in range(23):
-        sync(device)
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
-            end.synchronize()
-            t = start.elapsed_time(end) / 1e3
-        else:
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            t = time.perf_counter() - t0
-        if i >= 3:
-            times.append(t)
-    assert torch.equal(dst, src)
-    t = statistics.median(times)
-    return {"bytes_moved": 2 * src.numel() * 4, "median_s": t, "bytes_per_s": 2 * src.numel() * 4 / t}
-
-
-class StepLog:
-    """Observer plugin: every StepDone of the kernel it is handed to."""
-
-    modelcall_plugin_name = "gpu-figures-steps"
-
-    def __init__(self) -> None:
-        self.steps: list[Any] = []
-
-    @hookimpl
-    def register_observers(self, register: Any) -> None:
-        register(StepDone, self.steps.append, name=self.modelcall_plugin_name)
-
-
-def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(n)]
-
-
-async def complete_all(kernel: Any, prompts: list[list[int]], max_tokens: int) -> list[Any]:
-    import anyio
-
-    results: list[Any] = [None] * len(prompts)
-
-    async def one(i: int) -> None:
-        results[i] = await kernel.complete(prompt_token_ids=prompts[i], max_tokens=max_tokens, temperature=0,
-                                           ignore_eos=True)
-
-    async with anyio.create_task_group() as tg:
-        for i in range(len(prompts)):
-            tg.start_soon(one, i)
-    return results
-
-
-def kv_bytes_per_token(shape: dict, kv_elem: int) -> int:
-    head_dim = shape["hidden_size"] // shape["num_attention_heads"]
-    return shape["num_hidden_layers"] * 2 * shape["num_key_value_heads"] * head_dim * kv_elem
-
-
-def attention_figure(sz: dict, device: Any, dtype_name: str, bandwidth: float | None) -> dict:
-    """Each paged-attention candidate at the decode and prefill shapes: error against the torch path in fp32,
-    median time, bytes floor; the fastest correct candidate is `chosen`."""
-    import torch
-
-    from modelcall.plugins.runner import attention, cuda_attention
-    from modelcall.plugins.runner.batch import StepBatch, _context_slots
-
-    shape = sz["model"]
-    hq, hkv = shape["num_attention_heads"], shape["num_key_value_heads"]
-    dim = shape["hidden_size"] // hq
-    dtype = getattr(torch, dtype_name)
-    bs = 16
-    cases = {"decode": [(sz["prompt"] + sz["decode"] // 2, 1)] * sz["concurrency"],
-             "prefill": [(sz["ttft_prompt"], sz["ttft_prompt"])] * sz["ttft_requests"]}
-    candidates = {"torch": lambda q, k, v, step, var: attention._paged_torch(q, k, v, step, var, hq != hkv, 0,
-                                                                              step.paged_slots)}
-    if cuda_attention.available() and (device.type == "cuda" or cuda_attention.interpreting()):
-        candidates["triton"] = lambda q, k, v, step, var: cuda_attention.paged_step(q, k, v, step, var,
-                                                                                     step.paged_slots)
-    result: dict[str, Any] = {"candidates": sorted(candidates), "block_size": bs, "dtype": dtype_name,
-                              "not_compared": "flex_attention, FlashInfer, flash-attn (not built)"}
-    g = torch.Generator().manual_seed(7)
-    total = {name: 0.0 for name in candidates}
-    for case, ctx_q in cases.items():
-        n_blocks = sum(-(-c // bs) for c, _ in ctx_q)
-        perm = torch.randperm(n_blocks, generator=g)
-        width = max(-(-c // bs) for c, _ in ctx_q)
-        table = perm.view(len(ctx_q), width)        # equal lengths here: one row of blocks per request
-        slots = _context_slots(table, torch.arange(max(c for c, _ in ctx_q)), bs).to(device)
-        kc = torch.randn(n_blocks * bs, hkv, dim, device=device).to(dtype)
-        vc = torch.randn(n_blocks * bs, hkv, dim, device=device).to(dtype)
-        n = sum(q for _, q in ctx_q)
-        q_rows = torch.randn(hq, n, dim, device=device).to(dtype).transpose(0, 1)
-        step = StepBatch(input_ids=torch.zeros(1, n, dtype=torch.long), positions=torch.zeros(1, n, dtype=torch.long),
-                         slot_mapping=torch.zeros(n, dtype=torch.long), sample_rows=None, num_sampled=0, num_paged=n,
-                         paged_slots=slots, paged_ctx_lens=[c for c, _ in ctx_q], paged_q_lens=[q for _, q in ctx_q])
-        step.scratch["block_size"] = bs
-        var = attention.Variant(dim ** -0.5)
-        ref = attention._paged_torch(q_rows.float(), kc.float(), vc.float(), step, var, hq != hkv, 0, slots)
-        kv_bytes = sum(c for c, _ in ctx_q) * hkv * dim * 2 * kc.element_size()
-        entry: dict[str, Any] = {"requests": len(ctx_q), "context": ctx_q[0][0], "queries_each": ctx_q[0][1],
-                                 "kv_bytes_floor": kv_bytes}
-        reps = 10 if device.type == "cuda" else 1
-        for name, fn in candidates.items():
-            try:
-                got = fn(q_rows, kc, vc, step, var)
-                err = float((got.float() - ref).abs().max())
-                times = []
-                for i in range(reps + 2):
-                    step.scratch.pop(("torch_paged", None, 0), None)   # per-step metadata is part of the cost
-                    step.scratch.pop(("triton_meta", 0), None)
-                    sync(device)
-                    t0 = time.perf_counter()
-                    fn(q_rows, kc, vc, step, var)
-                    sync(device)
-                    if i >= 2 or device.type != "cuda":
-                        times.append(time.perf_counter() - t0)
-                t = statistics.median(times)
-                entry[name] = {"max_abs_err": err, "ok": err <= ATTENTION_TOL[dtype_name], "median_s": t,
-                               "kv_bytes_per_s": kv_bytes / t,
-                               "fraction_of_bandwidth": kv_bytes / t / bandwidth if bandwidth else None}
-                interpreted = name == "triton" and device.type != "cuda"   # checked, never chosen on its timing
-                entry[name]["interpreted"] = interpreted
-                total[name] += t if entry[name]["ok"] and not interpreted else float("inf")
-            except Exception as e:  # noqa: BLE001 - a failing candidate is recorded and not chosen
-                entry[name] = {"error": repr(e), "trace": traceback.format_exc()[-1500:]}
-                total[name] = float("inf")
-        result[case] = entry
-    best = min(total, key=total.get)
-    result["chosen"] = best if total[best] < float("inf") else "torch"
-    result["chosen_by"] = "least decode + prefill time among candidates within tolerance"
-    return result
-
-
 async def decode_run(kernel: Any, steps: StepLog, sz: dict) -> tuple[list[Any], float, list[Any]]:
     """The decode workload (after a warm-up): (results, wall seconds, StepDone of the all-requests decode steps)."""
     vocab = sz["model"]["vocab_size"]
@@ -361,55 +183,6 @@ def transformers_decode(sz: dict, model_dir: str, dtype: Any, device: Any) -> di
     # graph warm-up), as a user of it pays; the warm-up call before it took compilation and allocation out.
     return {"concurrency": sz["concurrency"], "output_tokens": tokens, "wall_s": wall,
             "output_tok_per_s": tokens / wall, "includes_per_call_setup": True}
-
-
-def reference_greedy(model: Any, prompt: list[int], n: int, device: Any) -> list[int]:
-    import torch
-    ids = torch.tensor([prompt], device=device)
-    gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
-                         eos_token_id=None, pad_token_id=0)
-    return gen[0, len(prompt):].tolist()
-
-
-async def engine_greedy(model_dir: str, device: str, dtype_name: str, prompts: list[list[int]], n: int) -> list[list[int]]:
-    from modelcall.core import Kernel, KernelConfig
-    async with Kernel(KernelConfig(model=model_dir, device=device, dtype=dtype_name, kv_cache_memory_gb=0.25)) as kernel:
-        done = await complete_all(kernel, prompts, n)
-    return [list(d.token_ids) for d in done]
-
-
-async def parity(sz: dict, device: Any, dtype_name: str, scratch: str) -> dict:
-    """Greedy tokens of modelcall vs transformers' generate on the same device and dtype. fp32: exact.
-    bf16: equal up to the first difference, and that difference a near-tie of the fp32 reference
-    (BF16_TIE_TOLERANCE)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    dtype = getattr(torch, dtype_name)
-    model_dir, _, _ = build_model_dir(sz["parity_model"], dtype, device, os.path.join(scratch, f"parity-{dtype_name}"))
-    prompts = [random_prompts(1, 5 + 7 * i, sz["parity_model"]["vocab_size"], 100 + i)[0]
-               for i in range(sz["parity_prompts"])]
-    ours = await engine_greedy(model_dir, str(device), dtype_name, prompts, sz["parity_tokens"])
-    ref_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
-    ref_model.generation_config.eos_token_id = None   # like ignore_eos: every sequence has parity_tokens
-    theirs = [reference_greedy(ref_model, p, sz["parity_tokens"], device) for p in prompts]
-    exact = sum(a == b for a, b in zip(ours, theirs))
-    result: dict[str, Any] = {"prompts": len(prompts), "tokens_each": sz["parity_tokens"], "identical": exact}
-    if dtype_name == "float32":
-        result["pass"] = exact == len(prompts)
-        return result
-    fp32 = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
-    gaps = []
-    for p, a, b in zip(prompts, ours, theirs):
-        i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        if i is None:
-            continue
-        with torch.inference_mode():
-            logits = fp32(torch.tensor([p + a[:i]], device=device)).logits[0, -1].float()
-        gaps.append(float((logits[b[i]] - logits[a[i]]) / logits.abs().max()))
-    result.update(tolerance=BF16_TIE_TOLERANCE, divergences=len(gaps), max_relative_gap=max(gaps, default=0.0),
-                  **{"pass": all(g <= BF16_TIE_TOLERANCE for g in gaps)})
-    return result
 
 
 async def main(argv: list[str] | None = None) -> dict:
