@@ -13,7 +13,7 @@ import torch
 from modelcall.core import ConfigError, KernelConfig, SchedulePlan, StepOutput
 from modelcall.core.plan import kv_groups
 from modelcall.core.stages import Sampler
-from modelcall.plugins.runner import attention, cpu_kernel, cuda_graphs, lean, omp_team
+from modelcall.plugins.runner import attention, cpu_kernel, cuda_graphs, heap, lean, omp_team
 from modelcall.plugins.runner.batch import DecodeState, StepBatch, build_step
 from modelcall.plugins.runner.loader import (
     build_spec, check_model_dir, resolve_placement, unsupported_features,
@@ -38,6 +38,8 @@ class TorchModelRunner:
         if config.threads:
             torch.set_num_threads(config.threads)   # before the dtype probe, which times CPU matmuls
         self.placement = p = resolve_placement(config, hf_json)
+        if p.device.type == "cpu" and (config.plugin_config.get("runner") or {}).get("keep_freed_memory", True):
+            heap.keep_freed_memory()   # prefill steps stop faulting their activations in afresh (heap.py)
         hf_config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
         bad = unsupported_features(hf_config)
         if bad:
