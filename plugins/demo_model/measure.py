@@ -22,26 +22,77 @@ def measure(model_dir: str, *, threads: int = 1, n: int = 40) -> dict[str, Any]:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     rng = random.Random(7)
     tools = corpus.served_tools()
-    arith_ok = 0
+    asked: list[tuple[str, str, str]] = []  # (tool expected, question, expression or city)
     for i, e in enumerate(corpus.held_out(n)):
-        q = rng.choice(corpus.ARITH_EN if i % 2 == 0 else corpus.ARITH_ZH).format(e=e)
-        arith_ok += arithmetic_correct(tok, model, tools, q, e)
-    weather_ok, cities = 0, 0
+        asked.append(("calculator", rng.choice(corpus.ARITH_EN if i % 2 == 0 else corpus.ARITH_ZH).format(e=e), e))
     for en, zh in corpus.CITIES:
         for name, lang in ((en, "en"), (zh, "zh")):
-            q = rng.choice(corpus.WEATHER_EN if lang == "en" else corpus.WEATHER_ZH).format(c=name)
-            weather_ok += weather_correct(tok, model, tools, q, name)
-            cities += 1
-    return {"arithmetic_held_out": {"asked": n, "correct": arith_ok},
-            "weather": {"asked": cities, "correct": weather_ok}}
+            asked.append(("get_weather", rng.choice(corpus.WEATHER_EN if lang == "en" else corpus.WEATHER_ZH)
+                          .format(c=name), name))
+    # Every question's first turn in one batch, then every second turn whose call was valid in another.
+    chats = [[{"role": "user", "content": q}] for _, q, _ in asked]
+    calls = [parse_call(t) for t in generate_all(tok, model, chats, tools)]
+    seconds: dict[int, tuple[list[dict], str]] = {}  # question -> (second turn's chat, what its answer must contain)
+    for k, ((name, _, subject), call) in enumerate(zip(asked, calls)):
+        turn = tool_turn(name, subject, call)
+        if turn is not None:
+            seconds[k] = (chats[k] + [
+                {"role": "assistant", "content": "", "tool_calls": [corpus._call(name, call["arguments"])]},
+                {"role": "tool", "tool_call_id": "call_0_0", "content": turn[0]}], turn[1])
+    answers = dict(zip(seconds, generate_all(tok, model, [c for c, _ in seconds.values()], tools)))
+    correct = [k in answers and seconds[k][1] in answers[k] for k in range(len(asked))]
+    return {"arithmetic_held_out": {"asked": n, "correct": sum(correct[:n])},
+            "weather": {"asked": len(asked) - n, "correct": sum(correct[n:])}}
 
 
-def _generate(tok: Any, model: Any, messages: list[dict], tools: list[dict], max_new: int = 64) -> str:
+def tool_turn(name: str, subject: str, call: dict[str, Any] | None) -> tuple[str, str] | None:
+    """The tool's result for a first turn's call and the text the answer must contain, or None when the call is
+    wrong (another tool, another city, an expression the calculator refuses, a result that is not the question's)."""
+    if not call or call.get("name") != name:
+        return None
+    if name == "calculator":
+        try:
+            result = calculator(str(call["arguments"].get("expression", "")))
+        except ValueError:
+            return None
+        return (result, result) if result == format_number(evaluate(subject)) else None
+    if call["arguments"].get("city") != subject:
+        return None
+    report = weather_of(subject)
+    return json.dumps(report, ensure_ascii=False), f"{report['temperature_c']}°C"
+
+
+def generate_all(tok: Any, model: Any, chats: list[list[dict]], tools: list[dict], max_new: int = 64) -> list[str]:
+    """Greedy answers to many chats at once: left-padded in one batch, each row stopping at an end token of the
+    generation config or after max_new tokens, as `model.generate(..., do_sample=False)` decodes a batch."""
     import torch
-    ids = tok(render(tok, messages, tools, gen=True), add_special_tokens=False, return_tensors="pt").input_ids
+    from transformers import DynamicCache
+    rows = [tok(render(tok, c, tools, gen=True), add_special_tokens=False).input_ids for c in chats]
+    if not rows:
+        return []
+    width = max(map(len, rows))
+    pad = model.generation_config.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    ends = model.generation_config.eos_token_id
+    ends = torch.tensor(ends if isinstance(ends, list) else [ends])
+    cache = DynamicCache(config=model.config)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    step = ids
+    out: list[torch.Tensor] = []
+    done = torch.zeros(len(rows), dtype=torch.bool)
     with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=max_new, do_sample=False)
-    return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        while len(out) < max_new and not bool(done.all()):
+            logits = model(input_ids=step, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                           logits_to_keep=1).logits
+            token = torch.where(done, pad, logits[:, -1].argmax(-1))
+            out.append(token)
+            done |= torch.isin(token, ends)
+            step = token[:, None]
+            mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=mask.dtype)], dim=1)
+            positions = positions[:, -1:] + 1
+    new = torch.stack(out, dim=1).tolist()
+    return [tok.decode(r, skip_special_tokens=True) for r in new]
 
 
 def parse_call(text: str) -> dict[str, Any] | None:
@@ -53,29 +104,3 @@ def parse_call(text: str) -> dict[str, Any] | None:
         return call if isinstance(call, dict) and isinstance(call.get("arguments"), dict) else None
     except ValueError:
         return None
-
-
-def arithmetic_correct(tok: Any, model: Any, tools: list[dict], question: str, expression: str) -> bool:
-    msgs: list[dict] = [{"role": "user", "content": question}]
-    call = parse_call(_generate(tok, model, msgs, tools))
-    if not call or call.get("name") != "calculator":
-        return False
-    try:
-        result = calculator(str(call["arguments"].get("expression", "")))
-    except ValueError:
-        return False
-    msgs += [{"role": "assistant", "content": "", "tool_calls": [corpus._call("calculator", call["arguments"])]},
-             {"role": "tool", "tool_call_id": "call_0_0", "content": result}]
-    answer = _generate(tok, model, msgs, tools)
-    return result == format_number(evaluate(expression)) and result in answer
-
-
-def weather_correct(tok: Any, model: Any, tools: list[dict], question: str, city: str) -> bool:
-    msgs: list[dict] = [{"role": "user", "content": question}]
-    call = parse_call(_generate(tok, model, msgs, tools))
-    if not call or call.get("name") != "get_weather" or call["arguments"].get("city") != city:
-        return False
-    report = weather_of(city)
-    msgs += [{"role": "assistant", "content": "", "tool_calls": [corpus._call("get_weather", call["arguments"])]},
-             {"role": "tool", "tool_call_id": "call_0_0", "content": json.dumps(report, ensure_ascii=False)}]
-    return f"{report['temperature_c']}°C" in _generate(tok, model, msgs, tools)
