@@ -16,6 +16,7 @@ from http_server import ServerThread
 
 pytestmark = pytest.mark.anyio
 
+KV_GB = 1 / 16  # not the default 1 GB of KV cache: ~0.4 s to zero per kernel
 TEXT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
 
 
@@ -52,7 +53,7 @@ async def test_prompt_logprobs_equal_transformers_through_chunked_prefill(demo_m
     tok, ref = reference
     ids = tok.encode(TEXT)
     want, top = ref(ids)
-    async with Kernel(dtype="float32", max_model_len=512, max_num_batched_tokens=budget) as k:
+    async with Kernel(dtype="float32", kv_cache_memory_gb=KV_GB, max_model_len=512, max_num_batched_tokens=budget) as k:
         scored, _ = await _score(k, ids, max_tokens=1, prompt_logprobs=3)
     assert scored.logprobs[0] is None and len(scored.logprobs) == len(ids)
     got = [p.logprob for p in scored.logprobs[1:]]
@@ -67,7 +68,7 @@ async def test_prefix_cache_hit_never_skips_asked_positions(demo_model_dir, refe
     tok, ref = reference
     ids = tok.encode(TEXT * 2)
     want, _ = ref(ids)
-    async with Kernel(dtype="float32", max_model_len=512, block_size=16) as k:
+    async with Kernel(dtype="float32", kv_cache_memory_gb=KV_GB, max_model_len=512, block_size=16) as k:
         first = await k.complete(prompt_token_ids=ids, max_tokens=1, temperature=0)  # caches the prompt's blocks
         assert first.usage.prompt_tokens == len(ids)
         again = await k.complete(prompt_token_ids=ids, max_tokens=1, temperature=0)
@@ -80,7 +81,7 @@ async def test_prefix_cache_hit_never_skips_asked_positions(demo_model_dir, refe
 
 
 async def test_max_tokens_zero_scores_without_generating(demo_model_dir):
-    async with Kernel(dtype="float32", max_model_len=512) as k:
+    async with Kernel(dtype="float32", kv_cache_memory_gb=KV_GB, max_model_len=512) as k:
         scored, events = await _score(k, k.tokenizer.encode(TEXT), max_tokens=0, prompt_logprobs=0)
         steps = k.stats()["steps"]
     fin = events[-1]
@@ -92,7 +93,7 @@ async def test_max_tokens_zero_scores_without_generating(demo_model_dir):
 async def test_max_tokens_zero_needs_prompt_logprobs(demo_model_dir):
     from modelcall.core import InvalidRequest
 
-    async with Kernel(dtype="float32", max_model_len=512) as k:
+    async with Kernel(dtype="float32", kv_cache_memory_gb=KV_GB, max_model_len=512) as k:
         with pytest.raises(InvalidRequest, match="max_tokens"):
             await k.submit("hello", max_tokens=0)
 
