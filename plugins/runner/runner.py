@@ -13,7 +13,7 @@ import torch
 from modelcall.core import ConfigError, KernelConfig, SchedulePlan, StepOutput
 from modelcall.core.plan import kv_groups
 from modelcall.core.stages import Sampler
-from modelcall.plugins.runner import attention, cpu_kernel, cuda_graphs, heap, kv_memory, lean, omp_team
+from modelcall.plugins.runner import attention, cpu_kernel, cuda_graphs, heap, lean, omp_team
 from modelcall.plugins.runner.batch import DecodeState, StepBatch, build_step
 from modelcall.plugins.runner.loader import (
     build_spec, check_model_dir, resolve_placement, unsupported_features,
@@ -132,10 +132,7 @@ class TorchModelRunner:
         shape = (self.group_size, 2, (num_blocks + extra) * block_size, s.num_kv_heads, s.head_dim)
         # NOTE: zeros, not empty: padded attention reads unused slots (masked out) and NaN garbage
         # would still poison masked SDPA rows through 0 * NaN.
-        if self.placement.device.type == "cpu":   # zero without writing a byte at load (kv_memory.py)
-            cache = kv_memory.zeroed_pool(shape, self.placement.kv_dtype)
-        else:
-            cache = torch.zeros(shape, dtype=self.placement.kv_dtype, device=self.placement.device)
+        cache = torch.zeros(shape, dtype=self.placement.kv_dtype, device=self.placement.device)
         self.kv = [(cache[m, 0], cache[m, 1]) for m in self.layer_member]
         self.block_size = block_size
         if self.graph_mode:
