@@ -13,6 +13,7 @@ on the model's own weights).
 """
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -24,6 +25,19 @@ def gemm(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> to
     """x @ W.T (+ bias) with W in oneDNN's packed layout: every packed GEMM of the model goes through here
     (benchmarks/gemm_fraction.py times them by wrapping this function)."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@functools.cache
+def can_pack(dtype: torch.dtype) -> bool:
+    """Whether oneDNN here can pack `dtype` weights: its bf16 reorder needs AVX-512 (bw, vl, dq) or AVX-NE-CONVERT,
+    so on an AVX2-only CPU (AMD Zen 2/3) bf16 linears stay F.linear, while fp32 packs on any x86 CPU."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), 4)
+    except RuntimeError:
+        return False
+    return True
 
 
 class PackedLinear(torch.nn.Module):
@@ -86,9 +100,9 @@ class FusedPart(torch.nn.Module):
 FUSE_GROUPS = ((("q_proj", "k_proj", "v_proj"), True), (("gate_proj", "up_proj"), False))
 
 
-def _siblings(mod: torch.nn.Module, names: tuple[str, ...]) -> list[torch.nn.Linear] | None:
+def _siblings(mod: torch.nn.Module, names: tuple[str, ...], dtype: torch.dtype) -> list[torch.nn.Linear] | None:
     subs = [getattr(mod, n, None) for n in names]
-    if not all(type(m) is torch.nn.Linear and m.weight.dtype == torch.bfloat16 and m.weight.device.type == "cpu"
+    if not all(type(m) is torch.nn.Linear and m.weight.dtype == dtype and m.weight.device.type == "cpu"
                for m in subs):
         return None
     if len({m.in_features for m in subs}) != 1 or len({m.bias is None for m in subs}) != 1:
@@ -101,7 +115,7 @@ def _fused_equal(linears: list[torch.nn.Linear], batch_hint: int) -> bool:
     singles = [PackedLinear(m, batch_hint) for m in linears]
     gen = torch.Generator().manual_seed(0)
     for rows in sorted({1, 3, 16, batch_hint, 2 * batch_hint + 1}):
-        x = torch.randn(1, rows, linears[0].in_features, generator=gen).to(torch.bfloat16)
+        x = torch.randn(1, rows, linears[0].in_features, generator=gen).to(linears[0].weight.dtype)
         for i, single in enumerate(singles):
             if not torch.equal(fused.part(x, i), single(x)):
                 return False
@@ -146,7 +160,7 @@ def _serial_mlps(model: torch.nn.Module, batch_hint: int) -> int:
     gen = torch.Generator().manual_seed(0)
     try:
         for rows in sorted({1, 3, 16, batch_hint, 2 * batch_hint + 1}):
-            x = torch.randn(1, rows, first.gate_proj.in_features, generator=gen).to(torch.bfloat16)
+            x = torch.randn(1, rows, first.gate_proj.in_features, generator=gen).to(first.gate_proj.fused.packed.dtype)
             if not torch.equal(SerialGatedMLP(first)(x), first(x)):
                 log.info("gated MLP left as is: the serial form differs from %s", type(first).__name__)
                 return 0
@@ -158,19 +172,20 @@ def _serial_mlps(model: torch.nn.Module, batch_hint: int) -> int:
     return len(mods)
 
 
-def fuse_siblings(model: torch.nn.Module, batch_hint: int = 32, threads: int | None = None) -> int:
-    """Run q/k/v and gate/up (with two threads or more) of every module as one packed GEMM each (bf16 CPU);
-    returns how many groups.
+def fuse_siblings(model: torch.nn.Module, batch_hint: int = 32, threads: int | None = None,
+                  dtype: torch.dtype = torch.bfloat16) -> int:
+    """Run q/k/v and gate/up (with two threads or more) of every module as one packed GEMM each (`dtype` linears
+    on CPU); returns how many groups.
     A kind of group is fused only if, on the first such group of the model, the fused slices equal the
     separate packed outputs bit for bit."""
-    if not torch.backends.mkldnn.is_available():
+    if not can_pack(dtype):
         return 0
     count = 0
     with torch.inference_mode():
         for names, single_thread in FUSE_GROUPS:
             if (threads or torch.get_num_threads()) < 2 and not single_thread:
                 continue
-            groups = [(mod, subs) for mod in model.modules() if (subs := _siblings(mod, names)) is not None]
+            groups = [(mod, subs) for mod in model.modules() if (subs := _siblings(mod, names, dtype)) is not None]
             if not groups:
                 continue
             try:
@@ -189,23 +204,43 @@ def fuse_siblings(model: torch.nn.Module, batch_hint: int = 32, threads: int | N
     return count
 
 
-def pack_linears(model: torch.nn.Module, batch_hint: int = 32) -> int:
-    """Replace every bf16 CPU `nn.Linear` of `model` by a PackedLinear; returns how many (0 when
-    oneDNN is unavailable or the packed result would differ)."""
-    if not torch.backends.mkldnn.is_available():
+def pack_linears(model: torch.nn.Module, batch_hint: int = 32, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Replace every `dtype` CPU `nn.Linear` of `model` by a PackedLinear; returns how many (0 when oneDNN is
+    unavailable or the packed result would differ: bf16 must match F.linear bit for bit; fp32, which MKL sums in
+    another order, within fp32 rounding)."""
+    if not can_pack(dtype):
         return 0
     try:  # one trial, checked against the plain op, before touching the model
-        probe = torch.nn.Linear(64, 48, bias=True).to(torch.bfloat16)
-        x = torch.randn(5, 64, dtype=torch.bfloat16)
-        if not torch.equal(PackedLinear(probe, batch_hint)(x), probe(x)):
+        probe = torch.nn.Linear(64, 48, bias=True).to(dtype)
+        x = torch.randn(5, 64, dtype=dtype)
+        got, ref = PackedLinear(probe, batch_hint)(x), probe(x)
+        if not (torch.equal(got, ref) if dtype == torch.bfloat16 else torch.allclose(got, ref, rtol=1e-4, atol=1e-5)):
             return 0
     except Exception as e:  # an op missing from this build
-        log.info("no packed bf16 linears (%s)", e)
+        log.info("no packed %s linears (%s)", dtype, e)
         return 0
-    fuse_siblings(model, batch_hint)
+    fuse_siblings(model, batch_hint, dtype=dtype)
     targets = [(name, mod) for name, mod in model.named_modules()
-               if type(mod) is torch.nn.Linear and mod.weight.dtype == torch.bfloat16 and mod.weight.device.type == "cpu"]
+               if type(mod) is torch.nn.Linear and mod.weight.dtype == dtype and mod.weight.device.type == "cpu"]
     for name, mod in targets:
         parent_name, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, attr, PackedLinear(mod, batch_hint))
     return len(targets)
+
+
+FP32_MIN_WEIGHTS = 16 << 20   # linear weights of a model whose fp32 linears are packed (see pack_fp32_linears)
+
+
+def pack_fp32_linears(model: torch.nn.Module, batch_hint: int = 32) -> int:
+    """pack_linears for an fp32 model on CPU whose linears hold at least FP32_MIN_WEIGHTS weights; returns how many.
+
+    NOTE: measured, not assumed. On a Zen 3 core (AVX2, no AVX-512, where the loader computes a bf16 checkpoint in
+    fp32) the W1 model's decode step at batch 32 took 87.6 ms with F.linear (MKL) for the layers' linears and
+    78.7 ms with all of them packed (benchmarks/gemm_fraction.py --dtype float32). The sums run in another order
+    than MKL's, so greedy ties can resolve differently than through F.linear: small models (the tests' references)
+    keep F.linear."""
+    total = sum(m.weight.numel() for m in model.modules() if type(m) is torch.nn.Linear)
+    if total < FP32_MIN_WEIGHTS:
+        return 0
+    return pack_linears(model, batch_hint, dtype=torch.float32)
+
