@@ -18,7 +18,7 @@ from modelcall.plugins.runner.batch import DecodeState, StepBatch, build_step
 from modelcall.plugins.runner.loader import (
     build_spec, check_model_dir, resolve_placement, unsupported_features,
 )
-from modelcall.plugins.runner.packing import pack_linears
+from modelcall.plugins.runner.packing import pack_fp32_linears, pack_linears
 from modelcall.plugins.runner.verify import sample_with_drafts
 
 log = logging.getLogger("modelcall.runner")
@@ -53,6 +53,8 @@ class TorchModelRunner:
                               "AttentionInterface; the torch runner cannot page its KV cache")
         if p.device.type == "cpu" and p.dtype == torch.bfloat16:
             pack_linears(model, batch_hint=min(config.max_num_seqs, 64))
+        elif p.device.type == "cpu" and p.dtype == torch.float32:
+            pack_fp32_linears(model, batch_hint=min(config.max_num_seqs, 64))
         self.model = model
         self.base = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
         self.lm_head = model.get_output_embeddings()
