@@ -11,7 +11,7 @@ SOURCE = r"""
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 

@@ -190,6 +190,13 @@ void paged_attention(const void *q, int q_bf16, int64_t q_ts, void *out, int out
             if (d % 16 == 0 && d <= 256 && softcap == 0.f && !sinks)
                 attend_vec(qt, NULL, o, kc, vc, bf16, sl, len - first, hq, hkv, d, scale, scores, lt);
             else
+#elif defined(__AVX2__) && defined(__FMA__)
+            if (bf16 && d % 16 == 0 && d <= 128 && softcap == 0.f && !sinks)   /* part: hq * 256 floats >= 2 * hq * d */
+                attend_pairs8(qt, o, (const uint16_t *)kc, (const uint16_t *)vc, sl, len - first, hq, hkv, d, scale,
+                              scores, lt, part);
+            else if (d % 8 == 0 && d <= 256 && softcap == 0.f && !sinks)
+                attend_vec8(qt, o, kc, vc, bf16, sl, len - first, hq, hkv, d, scale, scores, lt);
+            else
 #endif
             attend(qt, o, kc, vc, bf16, sl, len - first, hq, hkv, d, scale, softcap, sinks, scores, row, lt);
             if (out_bf16) store_row(dst_t, 1, o, hq * d);

@@ -19,7 +19,8 @@ time as two register-tiled GEMMs; 1.5-2.2x torch's CPU flash attention at prefil
 Either path can return each head's log-sum-exp, so two parts of one softmax can be merged.
 
 The C source is in modules with one idea each: ckernel_common (helpers), ckernel_rows (the fp32 and variant row
-kernels), ckernel_block (block_attention) and ckernel_decode (the entry: cache writes, the bf16 decode row kernel,
+kernels), ckernel_avx2 (the row kernels for AVX2 without AVX-512), ckernel_block (block_attention) and
+ckernel_decode (the entry: cache writes, the bf16 decode row kernel,
 rows split across threads). The decode call reads q in place from the packed QKV rows and writes the output in the
 model's dtype, so attention.py makes no copies around it.
 
@@ -35,11 +36,12 @@ import ctypes
 import torch
 
 from modelcall.core import native
-from modelcall.plugins.runner import ckernel_block, ckernel_common, ckernel_decode, ckernel_rows
+from modelcall.plugins.runner import ckernel_avx2, ckernel_block, ckernel_common, ckernel_decode, ckernel_rows
 
 
 # One library, one idea per source module (each module's docstring says which)
-SOURCE = "\n".join([ckernel_common.SOURCE, ckernel_rows.SOURCE, ckernel_block.SOURCE, ckernel_decode.SOURCE])
+SOURCE = "\n".join([ckernel_common.SOURCE, ckernel_rows.SOURCE, ckernel_avx2.SOURCE, ckernel_block.SOURCE,
+                    ckernel_decode.SOURCE])
 
 # Keys per part when a row's keys are split across threads (few rows, more threads); 0: never split, whole rows go
 # to threads. NOTE: off by default: on this shared 2-core machine (load 4-6) splitting 1 x 4,096 and 4 x 4,096
