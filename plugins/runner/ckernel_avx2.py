@@ -11,6 +11,9 @@ W3's (16 x 2,048) 0.88-1.14x, within this machine's noise there. In place in the
 
 SOURCE = r"""
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#ifndef PF_KEYS
+#define PF_KEYS 32   /* keys ahead whose K (then V) rows are prefetched */
+#endif
 /* 8 fp32 values of a K/V row (fp32, or bf16 bits widened: exact) at `off` */
 static inline __m256 load8(const void *base, int64_t off, int bf16) {
     if (bf16) {
@@ -106,7 +109,7 @@ static void attend_pairs8(const float *qt, float *ot, const uint16_t *kc, const 
     const __m256 vs = _mm256_set1_ps(scale);
     for (int64_t j0 = 0; j0 < len; j0 += 8) {
         const int64_t nk = len - j0 < 8 ? len - j0 : 8;
-        for (int64_t k = j0 + 16 * PF_BLOCKS; k < j0 + 16 * PF_BLOCKS + 8 && k < len; k++)   /* every line, early */
+        for (int64_t k = j0 + PF_KEYS; k < j0 + PF_KEYS + 8 && k < len; k++)   /* every line, early */
             for (int64_t b = 0; b < rowlen * 2; b += 64) __builtin_prefetch((const char *)(kc + sl[k] * rowlen) + b);
         for (int64_t hh = 0; hh < hq; hh++) {
             const int64_t off = (hh / g) * d;
@@ -133,7 +136,7 @@ static void attend_pairs8(const float *qt, float *ot, const uint16_t *kc, const 
     memset(oe, 0, sizeof(float) * (size_t)(2 * hq * dw));
     for (int64_t j0 = 0; j0 < len; j0 += 16) {
         const int64_t j1 = j0 + 16 < len ? j0 + 16 : len;
-        for (int64_t k = j0 + 16 * PF_BLOCKS; k < j0 + 16 * PF_BLOCKS + 16 && k < len; k++)
+        for (int64_t k = j0 + PF_KEYS; k < j0 + PF_KEYS + 16 && k < len; k++)
             for (int64_t b = 0; b < rowlen * 2; b += 64) __builtin_prefetch((const char *)(vc + sl[k] * rowlen) + b);
         for (int64_t hh = 0; hh < hq; hh++) {
             const float *sc = scores + hh * len;
@@ -180,7 +183,7 @@ static void attend_vec8(const float *qt, float *ot, const void *kc, const void *
     const int64_t full = len & ~(int64_t)7;
     const __m256 vs = _mm256_set1_ps(scale);
     for (int64_t j0 = 0; j0 < full; j0 += 8) {
-        for (int64_t k = j0 + 16 * PF_BLOCKS; k < j0 + 16 * PF_BLOCKS + 8 && k < len; k++)   /* every line, early */
+        for (int64_t k = j0 + PF_KEYS; k < j0 + PF_KEYS + 8 && k < len; k++)   /* every line, early */
             for (int64_t b = 0; b < rowlen * es; b += 64) __builtin_prefetch((const char *)kc + sl[k] * rowlen * es + b);
         for (int64_t hh = 0; hh < hq; hh++) {
             const float *qq = qt + hh * d;
@@ -207,7 +210,7 @@ static void attend_vec8(const float *qt, float *ot, const void *kc, const void *
     memset(ot, 0, sizeof(float) * (size_t)(hq * d));
     for (int64_t j0 = 0; j0 < len; j0 += 16) {
         const int64_t j1 = j0 + 16 < len ? j0 + 16 : len;
-        for (int64_t k = j0 + 16 * PF_BLOCKS; k < j0 + 16 * PF_BLOCKS + 16 && k < len; k++)
+        for (int64_t k = j0 + PF_KEYS; k < j0 + PF_KEYS + 16 && k < len; k++)
             for (int64_t b = 0; b < rowlen * es; b += 64) __builtin_prefetch((const char *)vc + sl[k] * rowlen * es + b);
         for (int64_t hh = 0; hh < hq; hh++) {
             float *op = ot + hh * d;

@@ -12,8 +12,8 @@ with the packed GEMMs of packing.py, the fused ops of fused_ops.py, the cos/sin 
 per token inside `rope`), and attention through attention.paged_attention exactly as the HF modules call it.
 
 Taken for the families in FAMILIES whose modules have the shapes read below (else transformers' modules run,
-as for every other family). `runner.lean` in the plugin config: "auto" (default: bf16 on CPU), true (fp32
-too: the parity tests), false (never).
+as for every other family). `runner.lean` in the plugin config: "auto" (default: bf16 on CPU, and fp32 when the
+runner packed the linears: `_packed_fp32`), true (any fp32 too: the parity tests), false (never).
 """
 from __future__ import annotations
 
@@ -142,7 +142,9 @@ def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows
     if not isinstance(embed, torch.nn.Embedding):
         return None
     dtype, device = embed.weight.dtype, embed.weight.device
-    if device.type != "cpu" or (mode == "auto" and dtype != torch.bfloat16) or dtype not in (torch.bfloat16, torch.float32):
+    if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
+        return None
+    if mode == "auto" and dtype != torch.bfloat16 and not _packed_fp32(base):
         return None
     if fused_ops.load() is None:   # built here, not before: fp32 and GPU runners never compile it
         return None
@@ -169,6 +171,18 @@ def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows
                       (int(hf_config.num_attention_heads), int(hf_config.num_key_value_heads), int(d)))
     log.info("lean decoder stack: %d %s layers (%s)", len(layers), hf_config.model_type, dtype)
     return stack
+
+
+def _packed_fp32(base: torch.nn.Module) -> bool:
+    """Whether the runner packed this fp32 model's linears (packing.pack_fp32_linears: a large model, as a bf16
+    checkpoint computed in fp32 on an AVX2-only CPU), which is when "auto" takes the lean stack in fp32.
+
+    NOTE: measured on a Zen 3 core, one thread, W1's decode step at batch 32 in fp32 with packed linears
+    (benchmarks/gemm_fraction.py --dtype float32): 86-88 ms through transformers' modules, 62.7 ms through the lean
+    stack (the rest outside GEMMs, attention and the fused ops: 13 -> 2.4 ms). Small fp32 models keep the modules."""
+    layers = getattr(base, "layers", None)
+    attn = getattr(layers[0], "self_attn", None) if layers else None
+    return isinstance(getattr(attn, "o_proj", None), packing.PackedLinear)
 
 
 def _unsupported(base: torch.nn.Module, hf_config: Any) -> str | None:
