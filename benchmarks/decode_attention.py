@@ -3,7 +3,7 @@ buffer, K/V cache writes included), today's code against attention.py + cpu_kern
 side by side (as benchmarks/w2_offline_before_after.py does), steps alternating (A B A B ...) in one process.
 
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE taskset -c 0 .venv/bin/python benchmarks/decode_attention.py
-        [--base c41cbb6] [--threads 1] [--steps 12] [--shape 32x192 --shape 16x2048 --shape 4x4096]
+        [--base c41cbb6] [--threads 1] [--steps 12] [--shape 32x192 --shape 16x2048 --shape 4x4096] [--q-dtype float32]
 
 Shapes are rows x context: W1's decode (32 x ~192), W3's decode (16 x 2,048) and 4 long private rows (4 x 4,096);
 W1's attention (8 layers, 8 heads x 64, MHA, bf16 cache in blocks of 16 (--block-size) scattered over the pool, one cache per
@@ -40,7 +40,7 @@ class Layer:
 
 
 def make(rows: int, ctx: int, layers: int, heads: int, kv_heads: int, d: int, bs: int = 16, in_order: bool = False,
-         seed: int = 0):
+         seed: int = 0, q_dtype: torch.dtype = torch.bfloat16):
     """(call(fn) -> output of the last layer, K/V bytes read per step): one decode step of `rows` rows at context
     `ctx` (positions ctx - 1), each layer through fn = some attention.paged_attention."""
     g = torch.Generator().manual_seed(seed)
@@ -52,7 +52,7 @@ def make(rows: int, ctx: int, layers: int, heads: int, kv_heads: int, d: int, bs
     slots = _context_slots(table, torch.arange(ctx), bs)
     caches = [(torch.randn(pool * bs, kv_heads, d, generator=g).bfloat16(),
                torch.randn(pool * bs, kv_heads, d, generator=g).bfloat16()) for _ in range(layers)]
-    qkv = torch.randn(rows, (heads + 2 * kv_heads) * d, generator=g).bfloat16()
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * d, generator=g).to(q_dtype)
     pos = torch.full((rows,), ctx - 1)
     slot_mapping = slots[torch.arange(rows), pos].contiguous()
     q = qkv[:, :heads * d].view(rows, heads, d).transpose(0, 1).unsqueeze(0)
@@ -92,6 +92,8 @@ def main() -> None:
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--block-size", type=int, default=16, help="tokens per cache block (the engine's default: 16)")
+    ap.add_argument("--q-dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                    help="the queries' dtype: the model's compute dtype (float32 where the loader picks fp32 compute)")
     ap.add_argument("--in-order", action="store_true", help="each row's blocks consecutive in the pool (default: scattered)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -116,7 +118,7 @@ def main() -> None:
     for shape in args.shape or ["32x192", "16x2048", "4x4096"]:
         rows, ctx = (int(x) for x in shape.split("x"))
         call, nbytes = make(rows, ctx, args.layers, args.heads, args.kv_heads, args.head_dim, args.block_size,
-                            args.in_order)
+                            args.in_order, q_dtype=getattr(torch, args.q_dtype))
         err = (call(old).float() - call(new).float()).abs().max().item()
         wall: dict[str, list[float]] = {name: [] for name, _ in sides}
         cpu: dict[str, list[float]] = {name: [] for name, _ in sides}

@@ -3,6 +3,7 @@
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/gemm_fraction.py [--threads 1] [--profile-steps 6]
         [--model DIR --dataset W1.jsonl]   (default: builds ../shared/bench's w1 model)
         [--runner-config '{"lean": false}']  (runner plugin settings: e.g. transformers' modules instead of the lean stack)
+        [--dtype bfloat16]  (auto: let the loader's probe choose)
 
 W1 runs through the kernel (32 requests, 128 new tokens, greedy, pinned threads). In every decode step with all
 32 requests in the batch, each packed GEMM (packing.gemm: q/k/v, o, gate/up, down, lm_head) and each attention
@@ -141,7 +142,8 @@ async def run(args) -> None:
 
     with open(args.dataset) as f:
         rows = [json.loads(line) for line in f if line.strip()][:args.batch]
-    cfg = KernelConfig(model=args.model, threads=args.threads, max_num_seqs=args.batch,
+    # NOTE: bf16 as the other benchmarks (dtype auto lets loader.faster_cpu_dtype's load-time probe pick fp32)
+    cfg = KernelConfig(model=args.model, threads=args.threads, max_num_seqs=args.batch, dtype=args.dtype,
                        plugin_config={"runner": {"cpu_bind": "auto", **json.loads(args.runner_config)}})
     async with Kernel(cfg) as kernel:
         async def w1() -> None:
@@ -207,6 +209,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--model")
     ap.add_argument("--dataset")
+    ap.add_argument("--dtype", default="bfloat16", help="the kernel's compute dtype (auto: the loader's probe picks)")
     ap.add_argument("--runner-config", default="{}", help="JSON merged into the runner plugin's settings")
     args = ap.parse_args()
     if not args.model:

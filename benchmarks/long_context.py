@@ -52,9 +52,9 @@ def cpu_seconds() -> float:
 
 
 class VllmEngine:
-    def __init__(self, model: str, max_len: int) -> None:
+    def __init__(self, model: str, max_len: int, dtype: str) -> None:
         from vllm import LLM
-        self.llm = LLM(model=model, dtype="bfloat16", max_model_len=max_len, enforce_eager=True)
+        self.llm = LLM(model=model, dtype=dtype, max_model_len=max_len, enforce_eager=True)
 
     def generate(self, batch: list[list[int]], new: int) -> int:
         from vllm import SamplingParams
@@ -67,14 +67,13 @@ class VllmEngine:
 
 
 class ModelcallEngine:
-    def __init__(self, model: str, threads: int, kv_gb: float) -> None:
+    def __init__(self, model: str, threads: int, kv_gb: float, dtype: str) -> None:
         import anyio.from_thread
 
         from modelcall.core import Kernel, KernelConfig
         from modelcall.plugins.cli.main import compute_thread_defaults
         compute_thread_defaults(os.environ)   # what `modelcall serve` sets before torch loads (nothing imported it yet)
-        # NOTE: bf16 as the peer (dtype auto would let a load-time probe pick fp32: no packed GEMMs, no lean stack)
-        cfg = KernelConfig(model=model, threads=threads, kv_cache_memory_gb=kv_gb, dtype="bfloat16",
+        cfg = KernelConfig(model=model, threads=threads, kv_cache_memory_gb=kv_gb, dtype=dtype,
                            plugin_config={"runner": {"cpu_bind": "auto"}})
         self._portal_cm = anyio.from_thread.start_blocking_portal()
         self.portal = self._portal_cm.__enter__()
@@ -133,14 +132,16 @@ def main() -> None:
     ap.add_argument("--skip", default="", help="comma list of parts to skip: w3, growth")
     ap.add_argument("--w1", help="also W1 from this JSONL (../shared/bench's w1.jsonl), median of --w1-runs")
     ap.add_argument("--w1-runs", type=int, default=3)
+    ap.add_argument("--dtype", default="bfloat16",
+                    help="both engines' compute dtype (the same for both: benchmarks/cpu_dtype.py picks it per machine)")
     args = ap.parse_args()
     with open(os.path.join(args.model, "config.json")) as f:
         cfg = json.load(f)
     vocab, max_len = int(cfg["vocab_size"]), int(cfg["max_position_embeddings"])
     if args.engine == "vllm":
-        engine = VllmEngine(args.model, max_len)
+        engine = VllmEngine(args.model, max_len, args.dtype)
     else:
-        engine = ModelcallEngine(args.model, args.threads, kv_gb=2.0)
+        engine = ModelcallEngine(args.model, args.threads, kv_gb=2.0, dtype=args.dtype)
     skip = set(args.skip.split(","))
     result: dict = {"engine": args.engine, "threads": args.threads}
     try:

