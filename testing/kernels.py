@@ -1,6 +1,9 @@
 """Kernels for tests: the tiny demo model, fp32, one thread, with exactly the plugins a test names."""
 from __future__ import annotations
 
+import functools
+import os
+import sys
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from importlib import metadata
@@ -16,13 +19,30 @@ TEST_CONFIG: dict[str, Any] = {"dtype": "float32", "threads": 1, "num_kv_blocks"
 
 def installed_plugin_names(*, exclude_distributions: Iterable[str] = ("modelcall",)) -> list[str]:
     """Entry-point names of the installed `modelcall` plugins that do not come with modelcall."""
-    skip = set(exclude_distributions)
+    return list(_plugin_names(_path_state(), frozenset(exclude_distributions)))
+
+
+def _path_state() -> tuple[tuple[str, int | None], ...]:
+    # NOTE: the scan reads every installed distribution's metadata (~30 ms, ~55 ms under coverage) and
+    # kernel_for_test asks once per kernel. Keyed by sys.path and its folders' mtimes, as importlib.metadata's
+    # own path cache is: a folder prepended or a distribution installed since is seen.
+    state = []
+    for entry in sys.path:
+        try:
+            state.append((entry, os.stat(entry or ".").st_mtime_ns))
+        except OSError:
+            state.append((entry, None))
+    return tuple(state)
+
+
+@functools.lru_cache(maxsize=16)
+def _plugin_names(path_state: tuple, skip: frozenset[str]) -> tuple[str, ...]:
     names = []
     for ep in metadata.entry_points(group=PROJECT):
         dist = getattr(ep, "dist", None)
         if dist is None or dist.name not in skip:
             names.append(ep.name)
-    return names
+    return tuple(names)
 
 
 def _plugin_name(plugin: Any) -> str | None:
