@@ -36,12 +36,14 @@ import ctypes
 import torch
 
 from modelcall.core import native
-from modelcall.plugins.runner import ckernel_avx2, ckernel_block, ckernel_common, ckernel_decode, ckernel_rows
+from modelcall.plugins.runner import (
+    ckernel_avx2, ckernel_block, ckernel_block_avx2, ckernel_common, ckernel_decode, ckernel_rows,
+)
 
 
 # One library, one idea per source module (each module's docstring says which)
 SOURCE = "\n".join([ckernel_common.SOURCE, ckernel_rows.SOURCE, ckernel_avx2.SOURCE, ckernel_block.SOURCE,
-                    ckernel_decode.SOURCE])
+                    ckernel_block_avx2.SOURCE, ckernel_decode.SOURCE])
 
 # Keys per part when a row's keys are split across threads (few rows, more threads); 0: never split, whole rows go
 # to threads. NOTE: off by default: on this shared 2-core machine (load 4-6) splitting 1 x 4,096 and 4 x 4,096
@@ -56,7 +58,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.paged_attention.restype = None
     lib.write_kv.argtypes = [p, p, i64, i32, p, p, i32, p, i64, i64]
     lib.write_kv.restype = None
-    if hasattr(lib, "block_attention"):   # AVX-512 machines only
+    if hasattr(lib, "block_attention"):   # AVX-512 or AVX2 + FMA machines
         lib.block_attention.argtypes = [p, p, p, i32, p, p, p, i32, p, i64, p, i64, i64, i64, i64, f32, i32]
         lib.block_attention.restype = None
     lib.bind_threads.argtypes = [p, i32]
@@ -134,7 +136,7 @@ def write_kv(k_new: torch.Tensor, v_new: torch.Tensor, kc: torch.Tensor, vc: tor
 
 
 def has_block_attention() -> bool:
-    """Whether the kernel has `block_attention` (built with AVX-512)."""
+    """Whether the kernel has `block_attention` (built with AVX-512, or AVX2 + FMA: ckernel_block_avx2)."""
     lib = load()
     return lib is not None and hasattr(lib, "block_attention")
 
