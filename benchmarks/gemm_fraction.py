@@ -4,6 +4,7 @@
         [--model DIR --dataset W1.jsonl]   (default: builds ../shared/bench's w1 model)
         [--runner-config '{"lean": false}']  (runner plugin settings: e.g. transformers' modules instead of the lean stack)
         [--dtype bfloat16]  (auto: let the loader's probe choose)
+        [--kv-cache-dtype fp8]  (the cache's element type: fp8 halves the K/V bytes attention reads)
 
 W1 runs through the kernel (32 requests, 128 new tokens, greedy, pinned threads). In every decode step with all
 32 requests in the batch, each packed GEMM (packing.gemm: q/k/v, o, gate/up, down, lm_head) and each attention
@@ -144,6 +145,7 @@ async def run(args) -> None:
         rows = [json.loads(line) for line in f if line.strip()][:args.batch]
     # NOTE: bf16 as the other benchmarks (dtype auto lets loader.faster_cpu_dtype's load-time probe pick fp32)
     cfg = KernelConfig(model=args.model, threads=args.threads, max_num_seqs=args.batch, dtype=args.dtype,
+                       kv_cache_dtype=args.kv_cache_dtype,
                        plugin_config={"runner": {"cpu_bind": "auto", **json.loads(args.runner_config)}})
     async with Kernel(cfg) as kernel:
         async def w1() -> None:
@@ -211,6 +213,7 @@ def main() -> None:
     ap.add_argument("--dataset")
     ap.add_argument("--dtype", default="bfloat16", help="the kernel's compute dtype (auto: the loader's probe picks)")
     ap.add_argument("--runner-config", default="{}", help="JSON merged into the runner plugin's settings")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="auto, bfloat16, fp8 (E4M3), fp8_e5m2, ...")
     args = ap.parse_args()
     if not args.model:
         args.model, args.dataset = reference_model(tempfile.mkdtemp())

@@ -50,7 +50,9 @@ def add_kernel_options(parser: argparse.ArgumentParser) -> None:
                    help="load the tokenizer from DIR instead of the model directory")
     g.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template that replaces the model's own")
     g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="default: auto")
-    g.add_argument("--kv-cache-dtype", choices=["auto", "float32", "bfloat16", "float16"], help="default: auto")
+    g.add_argument("--kv-cache-dtype",
+                   choices=["auto", "float32", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"],
+                   help="default: auto (fp8: one byte per cached value, CPU only, lossy)")
     g.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: auto)")
     g.add_argument("--threads", type=_positive_int, metavar="N", help="torch threads on CPU")
     g.add_argument("--max-model-len", type=_positive_int, metavar="N", help="context window (default: the model's)")

@@ -111,7 +111,7 @@ def test_long_continued_chunks_run_as_flash_blocks_and_match(demo_model_dir, hf_
     monkeypatch.setattr(attention, "LONG_CHUNK", 8)
     monkeypatch.setattr(where, name, lambda *a, **k: calls.append(a[0].shape[0]) or inner(*a, **k))
     if not blocked:
-        monkeypatch.setattr(cpu_kernel, "has_block_attention", lambda: False)
+        monkeypatch.setattr(cpu_kernel, "has_block_attention", lambda kc=None: False)
     runner = make_runner(demo_model_dir)
     assert drive_ragged_steps(runner, hf_model, 3) < 1e-4
     assert calls and min(calls) >= 8

@@ -74,8 +74,8 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     if kernel:   # one C pass, the rows read in place from the packed QKV buffer
         cpu_kernel.write_kv(k_new, v_new, kc, vc, slot_mapping)
     else:
-        kc.index_copy_(0, slot_mapping, k_new.to(kc.dtype))
-        vc.index_copy_(0, slot_mapping, v_new.to(vc.dtype))
+        store_rows(kc, slot_mapping, k_new)
+        store_rows(vc, slot_mapping, v_new)
 
     gqa = n_q_heads != key.shape[1]
     if not step.fresh:
@@ -113,6 +113,21 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
             o = _attend(q, k, v, mask, var, gqa)
         out[g.start:end] = o.transpose(1, 2).reshape(-1, n_q_heads, head_dim)
     return out.unsqueeze(0), None
+
+
+# an fp8 cache's largest finite values: writes saturate there (torch's E5M2 conversion would give inf)
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+
+
+def store_rows(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    """cache[slots[t]] = rows[t] in the cache's dtype (the portable path). fp8 caches: saturated at the format's
+    largest finite value, rounded to nearest even, written as bytes (torch has no index_copy_ for fp8 on CPU)."""
+    top = FP8_MAX.get(cache.dtype)
+    if top is None:
+        cache.index_copy_(0, slots, rows.to(cache.dtype))
+        return
+    codes = rows.float().clamp(-top, top).to(cache.dtype)
+    cache.view(torch.uint8).index_copy_(0, slots, codes.view(torch.uint8))
 
 
 def _paged(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, step: StepBatch, var: Variant,
@@ -195,7 +210,7 @@ def _paged_split(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, step:
     if short.numel():
         out.index_copy_(0, short, cpu_kernel.attend_tokens(
             q_rows.index_select(0, short), kc, vc, short_seq, short_pos, slots, var.scale).to(out.dtype))
-    blocked = cpu_kernel.has_block_attention()
+    blocked = cpu_kernel.has_block_attention(kc)
     for row, q, ctx, s in long:
         if blocked:
             cpu_kernel.block_attention(q_rows[row:row + q], kc, vc, slots[s, :ctx], var.scale,

@@ -122,7 +122,7 @@ def attend(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, casc: Casca
     at = 0
     for grp in casc.groups:
         m = grp.tokens.numel()
-        if cpu_kernel.has_block_attention():
+        if cpu_kernel.has_block_attention(kc):
             o_sh, lse_sh = cpu_kernel.block_attention(q[at:at + m], kc, vc, grp.slots, scale)
         else:
             o_sh, lse_sh = _flash_shared(q[at:at + m], kc, vc, grp.slots, scale)

@@ -139,6 +139,35 @@ static inline __m512 exp16(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
     return _mm512_scalef_ps(p, n);
 }
+
+/* Each head's `len` scores (rows of `scores`) become e^(s - max) in place (exp16), their sums' inverses go to
+ * inv[hh] (the caller normalizes its output once) and, with lse, each head's log-sum-exp to lse[hh] */
+static inline void softmax_exp_rows(float *scores, int64_t hq, int64_t len, float *lse, float *inv) {
+    for (int64_t hh = 0; hh < hq; hh++) {
+        float *sc = scores + hh * len;
+        __m512 top = _mm512_set1_ps(-3.0e38f);
+        int64_t j = 0;
+        for (; j + 16 <= len; j += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(sc + j));
+        float m = _mm512_reduce_max_ps(top);
+        for (; j < len; j++) m = sc[j] > m ? sc[j] : m;
+        const __m512 mv = _mm512_set1_ps(m);
+        __m512 tot = _mm512_setzero_ps();
+        for (j = 0; j + 16 <= len; j += 16) {
+            const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + j), mv));
+            _mm512_storeu_ps(sc + j, e);
+            tot = _mm512_add_ps(tot, e);
+        }
+        float sum = _mm512_reduce_add_ps(tot);
+        if (j < len) {
+            const __mmask16 mk = (__mmask16)((1u << (len - j)) - 1);
+            const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, sc + j), mv));
+            _mm512_mask_storeu_ps(sc + j, mk, e);
+            sum += _mm512_mask_reduce_add_ps(mk, e);
+        }
+        inv[hh] = 1.f / sum;
+        if (lse) lse[hh] = m + logf(sum);
+    }
+}
 #endif
 
 /* Pin the calling thread and the OpenMP team it leads (torch's too: one runtime) to cpus[0..n).

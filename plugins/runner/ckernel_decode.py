@@ -1,27 +1,44 @@
 """The decode entry of the attention kernel in C: `write_kv` (the step's new K/V rows into their cache slots, in the
 cache's dtype) and `paged_attention` (n query tokens over their paged contexts), with `decode_row_bf16`, the row
-kernel for bf16 queries over a bf16 cache that reads whole K/V rows in slot order, one pass each. Queries
+kernel for bf16 queries over a bf16 (or fp8) cache that reads whole K/V rows in slot order, one pass each. Queries
 are read in place from the packed QKV rows and the output is written in the model's dtype; with more threads than
 rows to keep them busy, a row's keys can be split across threads and merged by log-sum-exp (cpu_kernel.MIN_SPLIT;
 off by default: it did not pay on this shared machine)."""
 
 SOURCE = r"""
-/* n values (fp32 or bf16) into dst (fp32 or bf16): a copy, a widening (exact) or a rounding */
-static inline void copy_row(void *dst, int dst_bf16, const void *src, int src_bf16, int64_t n) {
-    if (dst_bf16 == src_bf16) { memcpy(dst, src, (size_t)n * (src_bf16 ? 2 : 4)); return; }
+/* Software prefetch in decode_row_bf16: while a block of 16 keys is computed, every line of the K rows PF_DECODE
+ * blocks ahead is asked for (in the V pass, the row 16 * PF_DECODE keys ahead); 0: none. NOTE: measured on an Intel
+ * Xeon (model 207, AVX512-BF16), one thread, 8 layers' caches scattered over a pool, interleaved rounds: W1's 32 x 192
+ * rows 1.93 -> 1.74 ms per layer (bf16) and 1.58 -> 1.43 (fp8 E4M3); W3's 16 x 2,048 rows 11.3 -> 9.6 and 9.0 -> 8.0.
+ * Two blocks ahead: no better. (On a Zen 4, an earlier scheme asking for single rows 2-48 keys ahead was 4-10%
+ * slower; this one was not measured there.) */
+#ifndef PF_DECODE
+#define PF_DECODE 1
+#endif
+/* n values (fp32 or bf16) into a cache row of type dst_kvt (KV_*): a copy, a widening (exact) or a rounding */
+static inline void copy_row(void *dst, int dst_kvt, const void *src, int src_bf16, int64_t n, float *tmp) {
+    if (dst_kvt >= KV_E4M3) {
+        const float *f = (const float *)src;
+        if (src_bf16) { load_row(tmp, src, 0, n, 1); f = tmp; }
+        store_row_fp8((uint8_t *)dst, f, n, dst_kvt);
+        return;
+    }
+    if (dst_kvt == src_bf16) { memcpy(dst, src, (size_t)n * (src_bf16 ? 2 : 4)); return; }
     if (src_bf16) { load_row((float *)dst, src, 0, n, 1); return; }
     store_row(dst, 1, (const float *)src, n);
 }
 
 /* The step's new K and V rows (token t at kn/vn + t * ts, hkv * d = `width` values each) into their cache slots,
- * in the cache's dtype: what kc.index_copy_(0, slots, k.to(kc.dtype)) does, without the copies around it. */
-void write_kv(const void *kn, const void *vn, int64_t ts, int src_bf16, void *kc, void *vc, int dst_bf16,
+ * in the cache's type (KV_*): what kc.index_copy_(0, slots, k.to(kc.dtype)) does, without the copies around it. */
+void write_kv(const void *kn, const void *vn, int64_t ts, int src_bf16, void *kc, void *vc, int dst_kvt,
               const int64_t *slots, int64_t n, int64_t width) {
-    const int64_t es = src_bf16 ? 2 : 4, ed = dst_bf16 ? 2 : 4;
+    const int64_t es = src_bf16 ? 2 : 4, ed = kv_bytes(dst_kvt);
+    float *tmp = dst_kvt >= KV_E4M3 && src_bf16 ? (float *)malloc(sizeof(float) * (size_t)width) : NULL;
     for (int64_t t = 0; t < n; t++) {
-        copy_row((char *)kc + slots[t] * width * ed, dst_bf16, (const char *)kn + t * ts * es, src_bf16, width);
-        copy_row((char *)vc + slots[t] * width * ed, dst_bf16, (const char *)vn + t * ts * es, src_bf16, width);
+        copy_row((char *)kc + slots[t] * width * ed, dst_kvt, (const char *)kn + t * ts * es, src_bf16, width, tmp);
+        copy_row((char *)vc + slots[t] * width * ed, dst_kvt, (const char *)vn + t * ts * es, src_bf16, width, tmp);
     }
+    free(tmp);
 }
 
 #if defined(__AVX512BF16__)
@@ -31,17 +48,23 @@ void write_kv(const void *kn, const void *vn, int64_t ts, int src_bf16, void *kc
  * blocks were scattered, 0.74-0.86x of the row-order pass when a request's blocks were consecutive. A piece of 32
  * bf16 values is one load that gives two fp32 vectors without a shuffle: its even values (x << 16) and its odd
  * ones (x & 0xffff0000); ot holds them in that order (even 16, odd 16) per piece until the end of the row. */
-static inline void v_pass(float *ot, const float *p, int64_t len, const uint16_t *vc, const int64_t *sl, int64_t hq,
-                          int64_t g, int64_t rowlen, int64_t d) {
+static inline void v_pass(float *ot, const float *p, int64_t len, const char *vc, const int64_t *sl, int64_t hq,
+                          int64_t g, int64_t rowlen, int64_t d, int kvt) {
     const __m512i hi_mask = _mm512_set1_epi32((int)0xffff0000u);
+    const int64_t es = kv_bytes(kvt);
     for (int64_t j = 0; j < len; j++) {
-        const uint16_t *vr = vc + sl[j] * rowlen;
+        const char *vr = vc + sl[j] * rowlen * es;
+#if PF_DECODE > 0
+        if (j + 16 * PF_DECODE < len)
+            for (int64_t b = 0; b < rowlen * es; b += 64)
+                __builtin_prefetch(vc + sl[j + 16 * PF_DECODE] * rowlen * es + b);
+#endif
         for (int64_t hh = 0; hh < hq; hh++) {
             const __m512 pj = _mm512_set1_ps(p[hh * len + j]);
-            const uint16_t *vh = vr + (hh / g) * d;
+            const char *vh = vr + (hh / g) * d * es;
             float *o = ot + hh * d;
             for (int64_t e = 0; e < d; e += 32) {
-                const __m512i x = _mm512_loadu_si512((const void *)(vh + e));
+                const __m512i x = load_pairs32(vh + e * es, kvt);
                 _mm512_storeu_ps(o + e, _mm512_fmadd_ps(pj, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)),
                                                         _mm512_loadu_ps(o + e)));
                 _mm512_storeu_ps(o + e + 16, _mm512_fmadd_ps(pj, _mm512_castsi512_ps(_mm512_and_si512(x, hi_mask)),
@@ -51,21 +74,36 @@ static inline void v_pass(float *ot, const float *p, int64_t len, const uint16_t
     }
 }
 
-/* One decode row, bf16 queries over a bf16 cache (d % 32 == 0): keys sl[0..len). Two passes in slot order, each
- * reading whole K (then V) rows front to back. NOTE: no software prefetch: asking for the rows 2-48 keys ahead
- * (the next block of the pool sits anywhere) was 4-10% slower here, with or without huge pages. Scores: per key and head one bf16 pair dot product into `part`, reduced 16 keys at a time.
+/* 16 fp32 partial sums of q . k over d values (d % 32 == 0): bf16 q against a bf16 or fp8 cache row */
+static inline __m512 dot_pairs(const uint16_t *q, const char *k, int64_t d, int kvt) {
+    if (kvt == KV_BF16) return dot_bf16(q, (const uint16_t *)k, d);
+    __m512 a = _mm512_setzero_ps();
+    for (int64_t w = 0; w < d; w += 32)
+        a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512((const void *)(q + w)),
+                             (__m512bh)load_pairs32(k + w, kvt));
+    return a;
+}
+
+/* One decode row, bf16 queries over a bf16 or fp8 cache (kvt; d % 32 == 0; fp8 codes are read as the bf16 values
+ * they are, load_pairs32): keys sl[0..len). Two passes in slot order, each reading whole K (then V) rows front to
+ * back, the rows a block ahead prefetched (PF_DECODE). Scores: per key and head one bf16 pair dot product into
+ * `part`, reduced 16 keys at a time.
  * Softmax: max, then e^(s - max) and its sum in one pass (exp16); the 1/sum is applied to the output at the end.
  * Writes each head's normalized output (fp32, in order) to dst and, with lse, its log-sum-exp. */
-static void decode_row_bf16(const uint16_t *qb, float *dst, float *lse, const uint16_t *kc, const uint16_t *vc,
+static void decode_row_bf16(const uint16_t *qb, float *dst, float *lse, const char *kc, const char *vc, int kvt,
                             const int64_t *sl, int64_t len, int64_t hq, int64_t hkv, int64_t d, float scale,
                             float *scores, float *part, float *ot) {
-    const int64_t g = hq / hkv, rowlen = hkv * d, full = len & ~(int64_t)15;
+    const int64_t g = hq / hkv, rowlen = hkv * d, full = len & ~(int64_t)15, es = kv_bytes(kvt);
     const __m512 vs = _mm512_set1_ps(scale);
     for (int64_t j0 = 0; j0 < full; j0 += 16) {
+#if PF_DECODE > 0
+        for (int64_t k = j0 + 16 * PF_DECODE; k < j0 + 16 * PF_DECODE + 16 && k < len; k++)
+            for (int64_t b = 0; b < rowlen * es; b += 64) __builtin_prefetch(kc + sl[k] * rowlen * es + b);
+#endif
         for (int64_t k = 0; k < 16; k++) {
-            const uint16_t *kr = kc + sl[j0 + k] * rowlen;
+            const char *kr = kc + sl[j0 + k] * rowlen * es;
             for (int64_t hh = 0; hh < hq; hh++)
-                _mm512_storeu_ps(part + (hh * 16 + k) * 16, dot_bf16(qb + hh * d, kr + (hh / g) * d, d));
+                _mm512_storeu_ps(part + (hh * 16 + k) * 16, dot_pairs(qb + hh * d, kr + (hh / g) * d * es, d, kvt));
         }
         for (int64_t hh = 0; hh < hq; hh++) {
             __m512 v[16];
@@ -74,37 +112,14 @@ static void decode_row_bf16(const uint16_t *qb, float *dst, float *lse, const ui
         }
     }
     for (int64_t j = full; j < len; j++) {
-        const uint16_t *kr = kc + sl[j] * rowlen;
+        const char *kr = kc + sl[j] * rowlen * es;
         for (int64_t hh = 0; hh < hq; hh++)
-            scores[hh * len + j] = _mm512_reduce_add_ps(dot_bf16(qb + hh * d, kr + (hh / g) * d, d)) * scale;
+            scores[hh * len + j] = _mm512_reduce_add_ps(dot_pairs(qb + hh * d, kr + (hh / g) * d * es, d, kvt)) * scale;
     }
     float inv[256 + 1];   /* hq <= 256 (checked by the caller) */
-    for (int64_t hh = 0; hh < hq; hh++) {
-        float *sc = scores + hh * len;
-        __m512 top = _mm512_set1_ps(-3.0e38f);
-        int64_t j = 0;
-        for (; j + 16 <= len; j += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(sc + j));
-        float m = _mm512_reduce_max_ps(top);
-        for (; j < len; j++) m = sc[j] > m ? sc[j] : m;
-        const __m512 mv = _mm512_set1_ps(m);
-        __m512 tot = _mm512_setzero_ps();
-        for (j = 0; j + 16 <= len; j += 16) {
-            const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + j), mv));
-            _mm512_storeu_ps(sc + j, e);
-            tot = _mm512_add_ps(tot, e);
-        }
-        float sum = _mm512_reduce_add_ps(tot);
-        if (j < len) {
-            const __mmask16 mk = (__mmask16)((1u << (len - j)) - 1);
-            const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, sc + j), mv));
-            _mm512_mask_storeu_ps(sc + j, mk, e);
-            sum += _mm512_mask_reduce_add_ps(mk, e);
-        }
-        inv[hh] = 1.f / sum;
-        if (lse) lse[hh] = m + logf(sum);
-    }
+    softmax_exp_rows(scores, hq, len, lse, inv);
     memset(ot, 0, sizeof(float) * (size_t)(hq * d));
-    v_pass(ot, scores, len, vc, sl, hq, g, rowlen, d);
+    v_pass(ot, scores, len, vc, sl, hq, g, rowlen, d, kvt);
     /* even/odd halves of each piece back into order, times 1/sum */
     const __m512i lo_idx = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const __m512i hi_idx = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
@@ -125,14 +140,16 @@ static void decode_row_bf16(const uint16_t *qb, float *dst, float *lse, const ui
  *   token t attends to slots[tok_seq[t]][first..tok_pos[t]] (first: the window's start, else 0)
  * bf16 queries over a bf16 cache with plain attention take decode_row_bf16; with more threads than a few
  * tokens per thread (min_split > 0), each token's keys are cut into parts of at least min_split keys, the parts
- * run on any thread and are merged by their log-sum-exp, so a few long rows use every thread. Everything else
+ * run on any thread and are merged by their log-sum-exp, so a few long rows use every thread. An fp8 cache (kvt
+ * KV_E4M3 or KV_E5M2) takes decode_row_fp8 for plain attention with AVX-512; else each token's context is widened
+ * to fp32 rows first and `attend` runs over them (every variant, any CPU). Everything else
  * (fp32, windows' variants, soft-capping, sinks) runs the row kernels as before, token by token, in fp32. */
 void paged_attention(const void *q, int q_bf16, int64_t q_ts, void *out, int out_bf16, const void *kc,
-                     const void *vc, int bf16, const int64_t *tok_seq, const int64_t *tok_pos, const int64_t *slots,
+                     const void *vc, int kvt, const int64_t *tok_seq, const int64_t *tok_pos, const int64_t *slots,
                      int64_t max_ctx, int64_t n, int64_t hq, int64_t hkv, int64_t d, float scale, int64_t window,
                      float softcap, const float *sinks, float *lse, int nthreads, int64_t min_split) {
 #if defined(__AVX512BF16__)
-    const int fast = q_bf16 && bf16 && d % 32 == 0 && hq <= 256 && softcap == 0.f && !sinks;
+    const int fast = q_bf16 && kvt != KV_F32 && d % 32 == 0 && hq <= 256 && softcap == 0.f && !sinks;
 #else
     const int fast = 0;
 #endif
@@ -150,11 +167,24 @@ void paged_attention(const void *q, int q_bf16, int64_t q_ts, void *out, int out
     float *pl = po ? po + n * parts * hq * d : NULL;
     /* no more threads than work items: a lone row (one long prompt decoding) wakes no one to wait for */
     const int team = (int64_t)nthreads < n * parts ? nthreads : (int)(n * parts > 0 ? n * parts : 1);
+    const int fp8 = kvt >= KV_E4M3;
+#if defined(__AVX512F__)
+    const int fp8_fast = fp8 && d % 16 == 0 && d <= 256 && hq <= 256 && softcap == 0.f && !sinks;
+#else
+    const int fp8_fast = 0;
+#endif
     #pragma omp parallel num_threads(team)
     {
-        /* per-thread scratch: scores [hq][keys], 16 keys' partial dots per head, one output row, one q row, one K/V row */
-        float *scores = (float *)malloc(sizeof(float) * (size_t)(hq * chunk + hq * 256 + 2 * hq * d + d + 64));
+        /* per-thread scratch: scores [hq][keys], 16 keys' partial dots per head, one output row, one q row, one K/V
+         * row, and with an fp8 cache 16 K or V rows widened to fp32 */
+        float *scores = (float *)malloc(sizeof(float) * (size_t)(hq * chunk + hq * 256 + 2 * hq * d + d + 64
+                                                                 + (fp8_fast ? 16 * hkv * d : 0)));
         float *part = scores + hq * chunk, *ot = part + hq * 256, *qf = ot + hq * d, *row = qf + hq * d;
+        /* the portable path over an fp8 cache: a token's K and V widened to fp32 rows (keys 0..), then `attend` */
+        float *wctx = fp8 && !fp8_fast ? (float *)malloc(sizeof(float) * (size_t)(2 * max_ctx * hkv * d)) : NULL;
+        int64_t *ids = wctx ? (int64_t *)malloc(sizeof(int64_t) * (size_t)max_ctx) : NULL;
+        for (int64_t j = 0; ids && j < max_ctx; j++) ids[j] = j;
+        float *wide = row + d + 64;
         #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < n * parts; it++) {
             const int64_t t = it / parts, pi = it % parts;
@@ -171,12 +201,12 @@ void paged_attention(const void *q, int q_bf16, int64_t q_ts, void *out, int out
                     float *o = po + it * hq * d, *l = pl + it * hq;
                     /* NOTE: a finite 'no keys' log-sum-exp (its weight e^(l - max) is 0): -ffast-math assumes no inf */
                     if (a >= b) { for (int64_t hh = 0; hh < hq; hh++) l[hh] = -1e30f; continue; }
-                    decode_row_bf16(qt, o, l, (const uint16_t *)kc, (const uint16_t *)vc, sl + a, b - a, hq, hkv, d,
+                    decode_row_bf16(qt, o, l, (const char *)kc, (const char *)vc, kvt, sl + a, b - a, hq, hkv, d,
                                     scale, scores, part, ot);
                     continue;
                 }
                 float *o = out_bf16 ? qf : (float *)dst_t;
-                decode_row_bf16(qt, o, lt, (const uint16_t *)kc, (const uint16_t *)vc, sl, len - first, hq, hkv, d,
+                decode_row_bf16(qt, o, lt, (const char *)kc, (const char *)vc, kvt, sl, len - first, hq, hkv, d,
                                 scale, scores, part, ot);
                 if (out_bf16) store_row(dst_t, 1, o, hq * d);
                 continue;
@@ -186,19 +216,31 @@ void paged_attention(const void *q, int q_bf16, int64_t q_ts, void *out, int out
             if (q_bf16) { load_row(qf, (const uint16_t *)q + t * q_ts, 0, hq * d, 1); qt = qf; }
             else qt = (const float *)q + t * q_ts;
             float *o = out_bf16 ? ot : (float *)dst_t;
+            if (wctx) {   /* keys 0.. of the widened rows: the identity slots */
+                const int64_t rl = hkv * d, keys = len - first;
+                for (int64_t j = 0; j < keys; j++) {
+                    load_row_fp8(wctx + j * rl, (const uint8_t *)kc + sl[j] * rl, rl, kvt);
+                    load_row_fp8(wctx + (max_ctx + j) * rl, (const uint8_t *)vc + sl[j] * rl, rl, kvt);
+                }
+                attend(qt, o, wctx, wctx + max_ctx * rl, KV_F32, ids, keys, hq, hkv, d, scale, softcap, sinks, scores,
+                       row, lt);
+            }
 #if defined(__AVX512F__)
-            if (d % 16 == 0 && d <= 256 && softcap == 0.f && !sinks)
-                attend_vec(qt, NULL, o, kc, vc, bf16, sl, len - first, hq, hkv, d, scale, scores, lt);
-            else
+            else if (fp8_fast)
+                decode_row_fp8(qt, o, lt, (const uint8_t *)kc, (const uint8_t *)vc, sl, len - first, hq, hkv, d, scale,
+                               kvt, scores, wide);
+            else if (d % 16 == 0 && d <= 256 && softcap == 0.f && !sinks)
+                attend_vec(qt, NULL, o, kc, vc, kvt, sl, len - first, hq, hkv, d, scale, scores, lt);
 #elif defined(__AVX2__) && defined(__FMA__)
-            if (bf16 && d % 16 == 0 && d <= 128 && softcap == 0.f && !sinks)   /* part: hq * 256 floats >= 2 * hq * d */
+            /* part: hq * 256 floats >= 2 * hq * d */
+            else if (kvt == KV_BF16 && d % 16 == 0 && d <= 128 && softcap == 0.f && !sinks)
                 attend_pairs8(qt, o, (const uint16_t *)kc, (const uint16_t *)vc, sl, len - first, hq, hkv, d, scale,
                               scores, lt, part);
             else if (d % 8 == 0 && d <= 256 && softcap == 0.f && !sinks)
-                attend_vec8(qt, o, kc, vc, bf16, sl, len - first, hq, hkv, d, scale, scores, lt);
-            else
+                attend_vec8(qt, o, kc, vc, kvt, sl, len - first, hq, hkv, d, scale, scores, lt);
 #endif
-            attend(qt, o, kc, vc, bf16, sl, len - first, hq, hkv, d, scale, softcap, sinks, scores, row, lt);
+            else
+                attend(qt, o, kc, vc, kvt, sl, len - first, hq, hkv, d, scale, softcap, sinks, scores, row, lt);
             if (out_bf16) store_row(dst_t, 1, o, hq * d);
         }
         if (parts > 1) {   /* merge each token's parts: weights e^(lse_p - max) */
@@ -228,6 +270,8 @@ void paged_attention(const void *q, int q_bf16, int64_t q_ts, void *out, int out
             }
         }
         free(scores);
+        free(wctx);
+        free(ids);
     }
     free(po);
 }

@@ -4,7 +4,7 @@ Why: the portable path gathers every request's context out of the block pool int
 before attention (read + write + read again of every cached byte, per layer, per step). At W1's
 decode shapes that copy costs more than the attention itself; this kernel reads each K/V row once,
 straight from its slot. It is plain C (no torch headers: builds in about a second), parallel over
-tokens with OpenMP, fp32 or bf16 K/V, fp32 math. Without a C compiler the runner keeps
+tokens with OpenMP, fp32, bf16 or fp8 (E4M3, E5M2: ckernel_fp8) K/V, fp32 math. Without a C compiler the runner keeps
 the portable path. The layer's variant rides along: a sliding window (keys pos-W+1..pos only),
 logit soft-capping (s = cap * tanh(s / cap)) and per-head sink logits that join the softmax.
 
@@ -37,13 +37,13 @@ import torch
 
 from modelcall.core import native
 from modelcall.plugins.runner import (
-    ckernel_avx2, ckernel_block, ckernel_block_avx2, ckernel_common, ckernel_decode, ckernel_rows,
+    ckernel_avx2, ckernel_block, ckernel_block_avx2, ckernel_common, ckernel_decode, ckernel_fp8, ckernel_rows,
 )
 
 
 # One library, one idea per source module (each module's docstring says which)
-SOURCE = "\n".join([ckernel_common.SOURCE, ckernel_rows.SOURCE, ckernel_avx2.SOURCE, ckernel_block.SOURCE,
-                    ckernel_block_avx2.SOURCE, ckernel_decode.SOURCE])
+SOURCE = "\n".join([ckernel_common.SOURCE, ckernel_fp8.SOURCE, ckernel_rows.SOURCE, ckernel_avx2.SOURCE,
+                    ckernel_block.SOURCE, ckernel_block_avx2.SOURCE, ckernel_decode.SOURCE])
 
 # Keys per part when a row's keys are split across threads (few rows, more threads); 0: never split, whole rows go
 # to threads. NOTE: off by default: on this shared 2-core machine (load 4-6) splitting 1 x 4,096 and 4 x 4,096
@@ -73,9 +73,14 @@ def load() -> ctypes.CDLL | None:
     return _LIB.get()
 
 
+# The cache's element type as the kernel numbers it (ckernel_fp8's KV_*)
+KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
 def usable(q_rows: torch.Tensor, kc: torch.Tensor) -> bool:
     return (q_rows.device.type == "cpu" and q_rows.dtype in (torch.float32, torch.bfloat16)
-            and kc.dtype in (torch.float32, torch.bfloat16) and load() is not None)
+            and kc.dtype in KV_TYPES and load() is not None)
 
 
 def paged_attention(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, step, scale: float, window: int = 0,
@@ -112,7 +117,7 @@ def attend_tokens(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, tok_
     assert out.is_contiguous() and out.dtype in (torch.float32, torch.bfloat16)
     sink = sinks.detach().float().contiguous() if sinks is not None else None
     lib.paged_attention(q.data_ptr(), int(q.dtype == torch.bfloat16), q.stride(0), out.data_ptr(),
-                        int(out.dtype == torch.bfloat16), kc.data_ptr(), vc.data_ptr(), int(kc.dtype == torch.bfloat16),
+                        int(out.dtype == torch.bfloat16), kc.data_ptr(), vc.data_ptr(), KV_TYPES[kc.dtype],
                         tok_seq.data_ptr(), tok_pos.data_ptr(), slots.data_ptr(), slots.shape[1], n, hq, kc.shape[1], d,
                         scale, window, softcap, sink.data_ptr() if sink is not None else None,
                         lse.data_ptr() if lse is not None else None, torch.get_num_threads(), MIN_SPLIT)
@@ -132,13 +137,15 @@ def write_kv(k_new: torch.Tensor, v_new: torch.Tensor, kc: torch.Tensor, vc: tor
     assert kc.is_contiguous() and vc.is_contiguous() and slot_mapping.dtype == torch.int64
     sm = slot_mapping.contiguous()
     lib.write_kv(k.data_ptr(), v.data_ptr(), k.stride(0), int(k.dtype == torch.bfloat16), kc.data_ptr(), vc.data_ptr(),
-                 int(kc.dtype == torch.bfloat16), sm.data_ptr(), sm.numel(), kc.shape[1] * kc.shape[2])
+                 KV_TYPES[kc.dtype], sm.data_ptr(), sm.numel(), kc.shape[1] * kc.shape[2])
 
 
-def has_block_attention() -> bool:
-    """Whether the kernel has `block_attention` (built with AVX-512, or AVX2 + FMA: ckernel_block_avx2)."""
+def has_block_attention(kc: torch.Tensor | None = None) -> bool:
+    """Whether the kernel has `block_attention` (built with AVX-512, or AVX2 + FMA: ckernel_block_avx2), and, given
+    the cache `kc`, whether it reads that cache (fp32 or bf16: an fp8 cache's long chunks go through torch)."""
     lib = load()
-    return lib is not None and hasattr(lib, "block_attention")
+    return (lib is not None and hasattr(lib, "block_attention")
+            and (kc is None or kc.dtype in (torch.float32, torch.bfloat16)))
 
 
 def block_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
@@ -148,7 +155,7 @@ def block_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: 
     the cache slots `slots` ([L] int64); row r sees keys 0..last_key[r] (int64 [m]; None: all of them). The output
     is written into `out` (contiguous, fp32 or bf16) when given, else into a new fp32 tensor."""
     lib = load()
-    assert lib is not None
+    assert lib is not None and kc.dtype in (torch.float32, torch.bfloat16)
     m, hq, d = q.shape
     # NOTE: bf16 queries over a bf16 cache are read as bf16 pairs (the dot products' own operands): no fp32 copy
     pairs = q.dtype == torch.bfloat16 and kc.dtype == torch.bfloat16 and d % 2 == 0

@@ -16,6 +16,8 @@ from modelcall.core import ConfigError, KernelConfig, ModelSpec
 log = logging.getLogger("modelcall.runner")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# fp8 KV caches (vLLM's names; "fp8" is E4M3), one byte per value, no scale: CPU only (the C kernel reads them)
+FP8_KV = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +45,8 @@ def checkpoint_dtype(hf_config: dict[str, Any]) -> torch.dtype:
 def resolve_placement(config: KernelConfig, hf_config: dict[str, Any]) -> Placement:
     """auto: CUDA when present (bf16 compute and KV). On CPU an fp32 checkpoint computes in fp32; a bf16
     checkpoint computes in whichever of fp32 and bf16 is faster here (`faster_cpu_dtype`) and keeps its
-    KV in bf16 (attention reads half the bytes)."""
+    KV in bf16 (attention reads half the bytes). kv_cache_dtype fp8 (E4M3) or fp8_e5m2 halves that again, lossily:
+    asked for, never chosen by auto."""
     if config.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
@@ -64,8 +67,14 @@ def resolve_placement(config: KernelConfig, hf_config: dict[str, Any]) -> Placem
         kv_dtype = dtype if device.type == "cuda" or ckpt == torch.float32 else torch.bfloat16
     elif kv in DTYPES:
         kv_dtype = DTYPES[kv]
+    elif kv in FP8_KV:
+        if device.type != "cpu":
+            raise ConfigError(f"kv_cache_dtype {kv!r} runs on CPU only (the CUDA attention kernels read 16- and 32-bit "
+                              "caches); use auto, bfloat16 or float16 there")
+        kv_dtype = FP8_KV[kv]
     else:
-        raise ConfigError(f"kv_cache_dtype must be auto, float32, bfloat16 or float16, got {kv!r}")
+        raise ConfigError(f"kv_cache_dtype must be auto, float32, bfloat16, float16, fp8, fp8_e4m3 or fp8_e5m2, "
+                          f"got {kv!r}")
     return Placement(device, dtype, kv_dtype)
 
 
