@@ -108,6 +108,30 @@ def bf16(*shape, gen) -> torch.Tensor:
     return torch.randn(*shape, generator=gen).to(torch.bfloat16)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("d", [32, 64, 128, 48])
+def test_rope_without_head_norms_equals_transformers_bit_for_bit(dtype, d):
+    """Llama's rotary (no q/k norm) on the packed rows: with AVX-512 and d % 32 == 0 it runs 16 lanes at a time
+    (d 48: the scalar loop); in bf16 either way the bits of transformers' apply_rotary_pos_emb, V untouched. fp32
+    within an ulp of them (the scalar loop is built with -ffast-math: its product and sum may fuse)."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    gen = torch.Generator().manual_seed(d)
+    rows, hq, hkv = 21, 6, 2
+    qkv = torch.randn(rows, (hq + 2 * hkv) * d, generator=gen).to(dtype)
+    pos = torch.randint(0, 300, (rows,), generator=gen)
+    ang = torch.rand(300, d // 2, generator=gen) * 6.3
+    cos, sin = torch.cat([ang.cos()] * 2, 1).to(dtype), torch.cat([ang.sin()] * 2, 1).to(dtype)
+    q = qkv[:, :hq * d].view(1, rows, hq, d).transpose(1, 2)
+    k = qkv[:, hq * d:(hq + hkv) * d].view(1, rows, hkv, d).transpose(1, 2)
+    ref_q, ref_k = apply_rotary_pos_emb(q, k, cos[pos][None], sin[pos][None])
+    got = qkv.clone()
+    fused_ops.rope(got, pos, cos, sin, hq, hkv, d)
+    same = torch.equal if dtype == torch.bfloat16 else lambda a, b: torch.allclose(a, b, rtol=2e-7, atol=1e-6)
+    assert same(got[:, :hq * d].view(rows, hq, d), ref_q[0].transpose(0, 1))
+    assert same(got[:, hq * d:(hq + hkv) * d].view(rows, hkv, d), ref_k[0].transpose(0, 1))
+    assert torch.equal(got[:, (hq + hkv) * d:], qkv[:, (hq + hkv) * d:])
+
+
 def test_fused_ops_round_where_transformers_modules_round():
     """bf16: rotary (with Qwen3's per-head norms) and silu*up equal the HF modules' ops bit for bit; the residual
     add too; the RMSNorm output within one bf16 ulp (its variance is summed in another order)."""

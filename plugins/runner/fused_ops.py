@@ -27,6 +27,9 @@ SOURCE = r"""
 #include <string.h>
 #include <math.h>
 #include <omp.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #define PAR_MIN (1 << 16)   /* elements: below this, rows run on the calling thread */
 
@@ -87,6 +90,44 @@ static inline void rope_head(char *x, const void *c, const void *s, const void *
     }
 }
 
+#if defined(__AVX512F__)
+/* 16 values at p (bf16 or fp32) as fp32 */
+static inline __m512 ld16(const void *p, const int bf) {
+    if (!bf) return _mm512_loadu_ps((const float *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* rnd() on 16 lanes: f2bf's integer rounding (the same bits), back as fp32 */
+static inline __m512 rnd16(__m512 v, const int bf) {
+    if (!bf) return v;
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                       _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* 16 lanes of an already rounded value to p (bf16: its top half, exact; fp32 as is) */
+static inline void st16(void *p, __m512 v, const int bf) {
+    if (!bf) { _mm512_storeu_ps((float *)p, v); return; }
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)));
+}
+
+/* rope_head without a norm for h = d / 2 a multiple of 16: the scalar arithmetic on 16 lanes, the same bits */
+static inline void rope_head16(char *x, const void *c, const void *s, int64_t d, const int bf) {
+    const int64_t h = d / 2, es = bf ? 2 : 4;
+    for (int64_t i = 0; i < h; i += 16) {
+        const __m512 v1 = ld16(x + i * es, bf), v2 = ld16(x + (i + h) * es, bf);
+        const __m512 c1 = ld16((const char *)c + i * es, bf), c2 = ld16((const char *)c + (i + h) * es, bf);
+        const __m512 s1 = ld16((const char *)s + i * es, bf), s2 = ld16((const char *)s + (i + h) * es, bf);
+        const __m512 neg = _mm512_sub_ps(_mm512_setzero_ps(), v2);
+        const __m512 o1 = _mm512_add_ps(rnd16(_mm512_mul_ps(v1, c1), bf), rnd16(_mm512_mul_ps(neg, s1), bf));
+        const __m512 o2 = _mm512_add_ps(rnd16(_mm512_mul_ps(v2, c2), bf), rnd16(_mm512_mul_ps(v1, s2), bf));
+        st16(x + i * es, rnd16(o1, bf), bf);
+        st16(x + (i + h) * es, rnd16(o2, bf), bf);
+    }
+}
+#endif
+
 /* In place on rows of [nq query heads | nk key heads | ...] of d values: optional per-head norm, then rotary
  * from row pos[r] of the [positions, d] cos/sin tables. */
 void rope(void *qkv, int64_t rows, int64_t rs, int64_t nq, int64_t nk, int64_t d, const int64_t *pos,
@@ -99,6 +140,15 @@ void rope(void *qkv, int64_t rows, int64_t rs, int64_t nq, int64_t nk, int64_t d
         for (int64_t hh = 0; hh < nq + nk; hh++) {
             char *x = (char *)qkv + (r * rs + hh * d) * es;
             const void *nw = hh < nq ? qw : kw;
+#if defined(__AVX512F__)
+            /* NOTE: the scalar loop did not vectorize: 170 us for W1's 32 rows x 16 heads x 64 (bf16), ~1.4 ms of a
+             * batch-32 decode step */
+            if (!nw && d % 32 == 0) {
+                if (bf) rope_head16(x, c, s, d, 1);
+                else rope_head16(x, c, s, d, 0);
+                continue;
+            }
+#endif
             if (bf) rope_head(x, c, s, nw, eps, d, v, 1);
             else rope_head(x, c, s, nw, eps, d, v, 0);
         }
