@@ -178,3 +178,18 @@ def test_fp64_reference_sees_the_fp8_rounding():
     rounded = fp64_reference(q, kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn), step, 0.125)
     assert (exact - rounded).abs().max().item() > 100 * 2e-5 * exact.abs().max().item()
     assert F.cosine_similarity(exact.flatten(), rounded.flatten(), dim=0).item() > 0.99
+
+
+def test_the_command_line_takes_the_fp8_names():
+    """`modelcall serve --kv-cache-dtype fp8` (and the other commands' kernel options) reach the config; a name
+    outside vLLM's set is refused by the parser."""
+    import argparse
+
+    from modelcall.core.commands import add_kernel_options, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_kernel_options(parser)
+    for name in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+        assert config_from_args(parser.parse_args(["--kv-cache-dtype", name])).kv_cache_dtype == name
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--kv-cache-dtype", "int8"])
