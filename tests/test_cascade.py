@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from modelcall.plugins.runner import attention, cascade, cpu_kernel
 from modelcall.plugins.runner.batch import StepBatch, _context_slots
 
+import block_reference
+
 pytestmark = pytest.mark.skipif(cpu_kernel.load() is None, reason="no C compiler: no CPU kernel")
 BS = 16
 
@@ -120,35 +122,34 @@ def test_variants_fall_back(small_groups):
     assert (got - cpu_kernel.paged_attention(q_rows, kc, vc, step, var.scale, 0, 30.0)).abs().max().item() == 0
 
 
-@pytest.mark.parametrize("m,hq,hkv,d,keys,dtype", [(70, 8, 8, 64, 200, torch.float32), (33, 8, 2, 64, 33, torch.bfloat16),
-                                                  (5, 6, 3, 48, 300, torch.float32), (40, 4, 1, 32, 1000, torch.float32),
-                                                  (19, 6, 3, 48, 77, torch.bfloat16), (21, 4, 2, 40, 150, torch.bfloat16)])
+@pytest.mark.parametrize("m,hq,hkv,d,keys,dtype", block_reference.CASES)
 def test_block_attention_with_causal_limits_equals_masked_softmax(m, hq, hkv, d, keys, dtype):
     """block_attention (the long prefill chunks' and the shared part's kernel): row r sees keys 0..last[r]; tiles of
     32 lanes cut across rows and their group heads (GQA/MQA), a last partial tile, an odd key count, scattered slots,
     head sizes off the 16 x 16 transposes (48, 40). bf16: both GEMMs on bf16 pairs, the probabilities rounded to bf16
-    for P V (as torch's flash attention). Into a bf16 `out`: the fp32 result's bits as .to(bf16) rounds them."""
+    for P V (as torch's flash attention), where the pairs pay; else widened to fp32 (the next test runs the other
+    path). Into a bf16 `out`: the fp32 result's bits as .to(bf16) rounds them."""
     if not cpu_kernel.has_block_attention():
         pytest.skip("no AVX-512 kernel")
-    g = torch.Generator().manual_seed(m + keys)
-    kc = torch.randn(4000, hkv, d, generator=g).to(dtype)
-    vc = torch.randn(4000, hkv, d, generator=g).to(dtype)
-    slots = torch.randperm(4000, generator=g)[:keys]
-    q = torch.randn(m, hq, d, generator=g).to(dtype)
-    for last in (keys - m + torch.arange(m), None):
-        out, lse = cpu_kernel.block_attention(q, kc, vc, slots, d ** -0.5, last)
-        k = kc[slots].double().transpose(0, 1).repeat_interleave(hq // hkv, 0)
-        v = vc[slots].double().transpose(0, 1).repeat_interleave(hq // hkv, 0)
-        s = q.double().transpose(0, 1) @ k.transpose(1, 2) * d ** -0.5                 # [Hq, m, keys]
-        if last is not None:
-            s = s.masked_fill(torch.arange(keys)[None, None, :] > last[None, :, None], float("-inf"))
-        want = (torch.softmax(s, -1) @ v).transpose(0, 1)
-        assert (out.double() - want).abs().max().item() < (1e-5 if dtype == torch.float32 else 4e-3)
-        assert (lse.double() - torch.logsumexp(s, -1).transpose(0, 1)).abs().max().item() < 1e-4
-        # written in the model's dtype: the same values, rounded as .to() rounds
-        into = torch.empty(m, hq, d, dtype=torch.bfloat16)
-        got, no_lse = cpu_kernel.block_attention(q, kc, vc, slots, d ** -0.5, last, with_lse=False, out=into)
-        assert got is into and no_lse is None and torch.equal(into, out.to(torch.bfloat16))
+    block_reference.check(m, hq, hkv, d, keys, dtype)
+
+
+def test_block_attentions_other_bf16_path_equals_masked_softmax_too():
+    """block_attention picks bf16 pairs or widened fp32 GEMMs once per process (measured: ckernel_block.pairs_pay),
+    so a suite run on one CPU exercises one of them. The same cases run again in a process forced onto the path
+    this one did not pick (MODELCALL_BLOCK_PAIRS), and pass there too."""
+    import os
+    import subprocess
+    import sys
+
+    if not cpu_kernel.has_block_attention() or not hasattr(cpu_kernel.load(), "block_pairs"):
+        pytest.skip("no AVX-512 kernel")
+    other = "0" if cpu_kernel.block_uses_pairs() else "1"
+    env = {**os.environ, "MODELCALL_BLOCK_PAIRS": other, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, block_reference.__file__, other], env=env, capture_output=True, text=True,
+                          cwd=os.path.dirname(block_reference.__file__))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-2000:]
+    assert f"{len(block_reference.CASES)} cases passed" in done.stdout
 
 
 def test_kernel_log_sum_exp_is_the_scores_log_sum_exp():

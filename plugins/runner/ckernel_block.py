@@ -159,6 +159,9 @@ static int pairs_pay(void) {
     __atomic_store_n(&known, v, __ATOMIC_RELEASE);
     return v;
 }
+
+/* 1 when block_attention takes bf16 inputs on the pairs in this process, 0 when it widens them (pairs_pay) */
+int block_pairs(void) { return pairs_pay(); }
 #endif
 
 /* Attention of a block of query rows over one run of keys (slots sl[0..len)), as two small GEMMs per KV head with

@@ -15,7 +15,9 @@ logit soft-capping (s = cap * tanh(s / cap)) and per-head sink logits that join 
 
 With AVX-512, `block_attention` takes many query rows over one run of keys at once (a long prefill chunk, or the
 rows sharing a cached prefix: cascade.py): per KV head, K and V are converted once and met by 32 query lanes at a
-time as two register-tiled GEMMs; 1.5-2.2x torch's CPU flash attention at prefill shapes (one thread, bf16).
+time as two register-tiled GEMMs, on bf16 pairs where those pay, else widened to fp32 (`block_uses_pairs`);
+1.5-2.2x torch's CPU flash attention at prefill shapes on a Zen 4 (pairs), 2.0-2.4x on an Intel Xeon model 207
+(widened; one thread, bf16).
 Either path can return each head's log-sum-exp, so two parts of one softmax can be merged.
 
 The C source is in modules with one idea each: ckernel_common (helpers), ckernel_rows (the fp32 and variant row
@@ -61,6 +63,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     if hasattr(lib, "block_attention"):   # AVX-512 or AVX2 + FMA machines
         lib.block_attention.argtypes = [p, p, p, i32, p, p, p, i32, p, i64, p, i64, i64, i64, i64, f32, i32]
         lib.block_attention.restype = None
+    if hasattr(lib, "block_pairs"):      # AVX-512: which GEMMs bf16 inputs take (ckernel_block.pairs_pay)
+        lib.block_pairs.argtypes = []
+        lib.block_pairs.restype = i32
     lib.bind_threads.argtypes = [p, i32]
     lib.bind_threads.restype = i32
 
@@ -146,6 +151,13 @@ def has_block_attention(kc: torch.Tensor | None = None) -> bool:
     lib = load()
     return (lib is not None and hasattr(lib, "block_attention")
             and (kc is None or kc.dtype in (torch.float32, torch.bfloat16)))
+
+
+def block_uses_pairs() -> bool:
+    """Whether block_attention computes bf16 inputs as bf16 pair dot products in this process (P rounded to bf16),
+    rather than widened to fp32 (AVX-512 only: measured once, or MODELCALL_BLOCK_PAIRS=1 / 0; ckernel_block.py)."""
+    lib = load()
+    return lib is not None and hasattr(lib, "block_pairs") and bool(lib.block_pairs())
 
 
 def block_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
