@@ -31,7 +31,10 @@ SOURCE = r"""
 #include <immintrin.h>
 #endif
 
-#define PAR_MIN (1 << 16)   /* elements: below this, rows run on the calling thread */
+/* elements: below this, rows run on the calling thread. NOTE: 1 << 12 (decode steps' ops on both threads too) made
+ * W1 on two threads 0.92x (benchmarks/runner_before_after.py --base HEAD --runs 5, Intel Xeon model 207, 2026-12-02),
+ * though the ops' own time in the step fell 1.8 -> 1.4 ms: the second thread's share cost more elsewhere */
+#define PAR_MIN (1 << 16)
 
 static inline float bf2f(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
 static inline uint16_t f2bf(float f) {   /* round to nearest even, as torch converts */
