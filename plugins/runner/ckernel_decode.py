@@ -74,13 +74,13 @@ static inline void v_pass(float *ot, const float *p, int64_t len, const char *vc
     }
 }
 
-/* 16 fp32 partial sums of q . k over d values (d % 32 == 0): bf16 q against a bf16 or fp8 cache row */
+/* 16 fp32 partial sums of q . k over d values (d % 32 == 0): bf16 q against a bf16 or fp8 cache row (k: its
+ * first byte; load_pairs32 reads 32 values of either as bf16) */
 static inline __m512 dot_pairs(const uint16_t *q, const char *k, int64_t d, int kvt) {
-    if (kvt == KV_BF16) return dot_bf16(q, (const uint16_t *)k, d);
     __m512 a = _mm512_setzero_ps();
     for (int64_t w = 0; w < d; w += 32)
         a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512((const void *)(q + w)),
-                             (__m512bh)load_pairs32(k + w, kvt));
+                             (__m512bh)load_pairs32(k + w * kv_bytes(kvt), kvt));
     return a;
 }
 

@@ -80,7 +80,6 @@ def load() -> ctypes.CDLL | None:
 
 # The cache's element type as the kernel numbers it (ckernel_fp8's KV_*)
 KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}
-FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def usable(q_rows: torch.Tensor, kc: torch.Tensor) -> bool:
