@@ -1,17 +1,19 @@
 """The decode entry of the attention kernel in C: `write_kv` (the step's new K/V rows into their cache slots, in the
 cache's dtype) and `paged_attention` (n query tokens over their paged contexts), with `decode_row_bf16`, the row
-kernel for bf16 queries over a bf16 (or fp8) cache that reads whole K/V rows in slot order, one pass each. Queries
+kernel for bf16 queries over a bf16 (or fp8) cache that walks the keys by blocks of 16, one pass over K and one over
+V, with the next block prefetched into L2. Queries
 are read in place from the packed QKV rows and the output is written in the model's dtype; with more threads than
 rows to keep them busy, a row's keys can be split across threads and merged by log-sum-exp (cpu_kernel.MIN_SPLIT;
 off by default: it did not pay on this shared machine)."""
 
 SOURCE = r"""
-/* Software prefetch in decode_row_bf16: while a block of 16 keys is computed, every line of the K rows PF_DECODE
- * blocks ahead is asked for (in the V pass, the row 16 * PF_DECODE keys ahead); 0: none. NOTE: measured on an Intel
- * Xeon (model 207, AVX512-BF16), one thread, 8 layers' caches scattered over a pool, interleaved rounds: W1's 32 x 192
- * rows 1.93 -> 1.74 ms per layer (bf16) and 1.58 -> 1.43 (fp8 E4M3); W3's 16 x 2,048 rows 11.3 -> 9.6 and 9.0 -> 8.0.
- * Two blocks ahead: no better. (On a Zen 4, an earlier scheme asking for single rows 2-48 keys ahead was 4-10%
- * slower; this one was not measured there.) */
+/* Software prefetch in decode_row_bf16: while a head runs over a block of 16 keys, its lines of the rows PF_DECODE
+ * blocks ahead are asked for into L2 (prefetcht1: __builtin_prefetch's locality 2), so the requests are spread over
+ * the block and do not wait for L1's few miss buffers; 0: none.
+ * NOTE: measured on an AMD Zen 4, one thread, 8 layers' caches with blocks scattered over the pool (a C harness
+ * around paged_attention, best of runs): W1's 32 x 192 rows 10.0 -> 6.1 ms per step (16.5 GB/s) and W3's
+ * 16 x 2,048 rows 57 -> 29.5-32.8 ms; into L1 instead (prefetcht0): no gain over none (9.8 GB/s), the L1 miss
+ * buffers are the limit; two blocks ahead: 0.9x of one. */
 #ifndef PF_DECODE
 #define PF_DECODE 1
 #endif
@@ -42,95 +44,103 @@ void write_kv(const void *kn, const void *vn, int64_t ts, int src_bf16, void *kc
 }
 
 #if defined(__AVX512BF16__)
-/* ot[hh] += sum over keys j0..j1 of p[hh][j] V[j][hh / g], every head, key by key: each V row is read whole, front
- * to back, so rows in consecutive slots are one stream. NOTE: keeping a group of heads' accumulators in registers
- * over a block (heads 0-3 over 16 rows, then heads 4-7) walked each block twice at a 1 KB stride: equal when the
- * blocks were scattered, 0.74-0.86x of the row-order pass when a request's blocks were consecutive. A piece of 32
- * bf16 values is one load that gives two fp32 vectors without a shuffle: its even values (x << 16) and its odd
- * ones (x & 0xffff0000); ot holds them in that order (even 16, odd 16) per piece until the end of the row. */
-static inline void v_pass(float *ot, const float *p, int64_t len, const char *vc, const int64_t *sl, int64_t hq,
-                          int64_t g, int64_t rowlen, int64_t d, int kvt) {
-    const __m512i hi_mask = _mm512_set1_epi32((int)0xffff0000u);
-    const int64_t es = kv_bytes(kvt);
-    for (int64_t j = 0; j < len; j++) {
-        const char *vr = vc + sl[j] * rowlen * es;
-#if PF_DECODE > 0
-        if (j + 16 * PF_DECODE < len)
-            for (int64_t b = 0; b < rowlen * es; b += 64)
-                __builtin_prefetch(vc + sl[j + 16 * PF_DECODE] * rowlen * es + b);
-#endif
-        for (int64_t hh = 0; hh < hq; hh++) {
-            const __m512 pj = _mm512_set1_ps(p[hh * len + j]);
-            const char *vh = vr + (hh / g) * d * es;
-            float *o = ot + hh * d;
-            for (int64_t e = 0; e < d; e += 32) {
-                const __m512i x = load_pairs32(vh + e * es, kvt);
-                _mm512_storeu_ps(o + e, _mm512_fmadd_ps(pj, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)),
-                                                        _mm512_loadu_ps(o + e)));
-                _mm512_storeu_ps(o + e + 16, _mm512_fmadd_ps(pj, _mm512_castsi512_ps(_mm512_and_si512(x, hi_mask)),
-                                                             _mm512_loadu_ps(o + e + 16)));
-            }
-        }
-    }
+/* One block of 16 keys from key j0 of a row (len keys at slots sl) in `cache` (rows of rowb bytes): the rows' first
+ * bytes into r (a last block of nk < 16 keys repeats key 0 in the rest: what is computed of them is not kept) and the
+ * rows PF_DECODE blocks ahead into ahead; returns how many of those there are (0..16) */
+static inline int64_t block_rows(const char **r, const char **ahead, const char *cache, const int64_t *sl,
+                                 int64_t j0, int64_t len, int64_t rowb) {
+    const int64_t nk = len - j0 < 16 ? len - j0 : 16, a = j0 + 16 * PF_DECODE;
+    const int64_t nn = PF_DECODE > 0 && a < len ? (len - a < 16 ? len - a : 16) : 0;
+    for (int64_t k = 0; k < 16; k++) r[k] = cache + sl[j0 + (k < nk ? k : 0)] * rowb;
+    for (int64_t k = 0; k < nn; k++) ahead[k] = cache + sl[a + k] * rowb;
+    return nn;
 }
 
-/* 16 fp32 partial sums of q . k over d values (d % 32 == 0): bf16 q against a bf16 or fp8 cache row (k: its
- * first byte; load_pairs32 reads 32 values of either as bf16) */
-static inline __m512 dot_pairs(const uint16_t *q, const char *k, int64_t d, int kvt) {
-    __m512 a = _mm512_setzero_ps();
-    for (int64_t w = 0; w < d; w += 32)
-        a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512((const void *)(q + w)),
-                             (__m512bh)load_pairs32(k + w * kv_bytes(kvt), kvt));
-    return a;
+/* Head `off` (its byte offset in a row, hb bytes) of the nn rows ahead, asked for into L2 (prefetcht1) */
+static inline void prefetch_head(const char **ahead, int64_t nn, int64_t off, int64_t hb) {
+    for (int64_t k = 0; k < nn; k++)
+        for (int64_t b = 0; b < hb; b += 64) __builtin_prefetch(ahead[k] + off + b, 0, 2);
 }
 
-/* One decode row, bf16 queries over a bf16 or fp8 cache (kvt; d % 32 == 0; fp8 codes are read as the bf16 values
- * they are, load_pairs32): keys sl[0..len). Two passes in slot order, each reading whole K (then V) rows front to
- * back, the rows a block ahead prefetched (PF_DECODE). Scores: per key and head one bf16 pair dot product into
- * `part`, reduced 16 keys at a time.
+/* One decode row, bf16 queries over a bf16 or fp8 cache (kvt; d = D, D % 32 == 0, <= 256; fp8 codes are read as the
+ * bf16 values they are, load_pairs32): keys sl[0..len), by blocks of 16 keys, head by head within a block.
+ * Scores: a head's 16 keys' partial dot products (bf16 pairs) stay in registers and are reduced once (hsum16).
  * Softmax: max, then e^(s - max) and its sum in one pass (exp16); the 1/sum is applied to the output at the end.
- * Writes each head's normalized output (fp32, in order) to dst and, with lse, its log-sum-exp. */
-static void decode_row_bf16(const uint16_t *qb, float *dst, float *lse, const char *kc, const char *vc, int kvt,
-                            const int64_t *sl, int64_t len, int64_t hq, int64_t hkv, int64_t d, float scale,
-                            float *scores, float *part, float *ot) {
-    const int64_t g = hq / hkv, rowlen = hkv * d, full = len & ~(int64_t)15, es = kv_bytes(kvt);
+ * V pass: a head's output stays in registers over the block (a piece of 32 bf16 values is one load that gives two
+ * fp32 vectors without a shuffle: its even values (x << 16) and its odd ones (x & 0xffff0000); ot holds them in
+ * that order per piece until the end). Writes each head's normalized output (fp32, in order) to dst and, with lse,
+ * its log-sum-exp. NOTE: against the key-by-key kernel this replaced (every head of a key row, partial sums and
+ * outputs through memory), 1.5x from L2 on a Zen 4; from memory the prefetch (PF_DECODE) is what counts. */
+static inline __attribute__((always_inline)) void row_blocked(const uint16_t *qb, float *dst, float *lse,
+        const char *kc, const char *vc, int kvt, const int64_t *sl, int64_t len, int64_t hq, int64_t hkv,
+        const int64_t D, float scale, float *scores, float *ot) {
+    const int64_t g = hq / hkv, es = kv_bytes(kvt), rowb = hkv * D * es, hb = D * es, P = D / 32;
     const __m512 vs = _mm512_set1_ps(scale);
-    for (int64_t j0 = 0; j0 < full; j0 += 16) {
-#if PF_DECODE > 0
-        for (int64_t k = j0 + 16 * PF_DECODE; k < j0 + 16 * PF_DECODE + 16 && k < len; k++)
-            for (int64_t b = 0; b < rowlen * es; b += 64) __builtin_prefetch(kc + sl[k] * rowlen * es + b);
-#endif
-        for (int64_t k = 0; k < 16; k++) {
-            const char *kr = kc + sl[j0 + k] * rowlen * es;
-            for (int64_t hh = 0; hh < hq; hh++)
-                _mm512_storeu_ps(part + (hh * 16 + k) * 16, dot_pairs(qb + hh * d, kr + (hh / g) * d * es, d, kvt));
-        }
+    for (int64_t j0 = 0; j0 < len; j0 += 16) {
+        const int64_t nk = len - j0 < 16 ? len - j0 : 16;
+        const char *kr[16], *pr[16];   /* this block's rows, the rows PF_DECODE blocks ahead */
+        const int64_t nn = block_rows(kr, pr, kc, sl, j0, len, rowb);
         for (int64_t hh = 0; hh < hq; hh++) {
+            const int64_t off = (hh / g) * hb;
+            if (hh % g == 0) prefetch_head(pr, nn, off, hb);
+            __m512i qv[8];
+            for (int64_t p = 0; p < P; p++) qv[p] = _mm512_loadu_si512((const void *)(qb + hh * D + 32 * p));
             __m512 v[16];
-            for (int k = 0; k < 16; k++) v[k] = _mm512_loadu_ps(part + (hh * 16 + k) * 16);
-            _mm512_storeu_ps(scores + hh * len + j0, _mm512_mul_ps(hsum16(v), vs));
+            for (int64_t k = 0; k < 16; k++) {
+                __m512 a = _mm512_setzero_ps();
+                for (int64_t p = 0; p < P; p++)
+                    a = _mm512_dpbf16_ps(a, (__m512bh)qv[p], (__m512bh)load_pairs32(kr[k] + off + 32 * p * es, kvt));
+                v[k] = a;
+            }
+            const __m512 s = _mm512_mul_ps(hsum16(v), vs);
+            if (nk == 16) _mm512_storeu_ps(scores + hh * len + j0, s);
+            else _mm512_mask_storeu_ps(scores + hh * len + j0, (__mmask16)((1u << nk) - 1), s);
         }
-    }
-    for (int64_t j = full; j < len; j++) {
-        const char *kr = kc + sl[j] * rowlen * es;
-        for (int64_t hh = 0; hh < hq; hh++)
-            scores[hh * len + j] = _mm512_reduce_add_ps(dot_pairs(qb + hh * d, kr + (hh / g) * d * es, d, kvt)) * scale;
     }
     float inv[256 + 1];   /* hq <= 256 (checked by the caller) */
     softmax_exp_rows(scores, hq, len, lse, inv);
-    memset(ot, 0, sizeof(float) * (size_t)(hq * d));
-    v_pass(ot, scores, len, vc, sl, hq, g, rowlen, d, kvt);
-    /* even/odd halves of each piece back into order, times 1/sum */
+    const __m512i hi_mask = _mm512_set1_epi32((int)0xffff0000u);
+    for (int64_t j0 = 0; j0 < len; j0 += 16) {
+        const int64_t nk = len - j0 < 16 ? len - j0 : 16;
+        const char *vr[16], *pr[16];
+        const int64_t nn = block_rows(vr, pr, vc, sl, j0, len, rowb);
+        for (int64_t hh = 0; hh < hq; hh++) {
+            const int64_t off = (hh / g) * hb;
+            if (hh % g == 0) prefetch_head(pr, nn, off, hb);
+            __m512 acc[16];
+            float *o = ot + hh * D;
+            for (int64_t p = 0; p < 2 * P; p++) acc[p] = j0 ? _mm512_loadu_ps(o + 16 * p) : _mm512_setzero_ps();
+            const float *pp = scores + hh * len + j0;
+            for (int64_t k = 0; k < nk; k++) {
+                const __m512 pj = _mm512_set1_ps(pp[k]);
+                for (int64_t p = 0; p < P; p++) {
+                    const __m512i x = load_pairs32(vr[k] + off + 32 * p * es, kvt);
+                    acc[2 * p] = _mm512_fmadd_ps(pj, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)), acc[2 * p]);
+                    acc[2 * p + 1] = _mm512_fmadd_ps(pj, _mm512_castsi512_ps(_mm512_and_si512(x, hi_mask)), acc[2 * p + 1]);
+                }
+            }
+            for (int64_t p = 0; p < 2 * P; p++) _mm512_storeu_ps(o + 16 * p, acc[p]);
+        }
+    }
     const __m512i lo_idx = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const __m512i hi_idx = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
     for (int64_t hh = 0; hh < hq; hh++) {
         const __m512 s = _mm512_set1_ps(inv[hh]);
-        for (int64_t e = 0; e < d; e += 32) {
-            const __m512 ev = _mm512_loadu_ps(ot + hh * d + e), od = _mm512_loadu_ps(ot + hh * d + e + 16);
-            _mm512_storeu_ps(dst + hh * d + e, _mm512_mul_ps(_mm512_permutex2var_ps(ev, lo_idx, od), s));
-            _mm512_storeu_ps(dst + hh * d + e + 16, _mm512_mul_ps(_mm512_permutex2var_ps(ev, hi_idx, od), s));
+        for (int64_t e = 0; e < D; e += 32) {
+            const __m512 ev = _mm512_loadu_ps(ot + hh * D + e), od = _mm512_loadu_ps(ot + hh * D + e + 16);
+            _mm512_storeu_ps(dst + hh * D + e, _mm512_mul_ps(_mm512_permutex2var_ps(ev, lo_idx, od), s));
+            _mm512_storeu_ps(dst + hh * D + e + 16, _mm512_mul_ps(_mm512_permutex2var_ps(ev, hi_idx, od), s));
         }
     }
+}
+/* row_blocked with the head size a constant where it is a common one, so the loops over pieces unroll and the
+ * partial sums and outputs are registers */
+static void decode_row_bf16(const uint16_t *qb, float *dst, float *lse, const char *kc, const char *vc, int kvt,
+                            const int64_t *sl, int64_t len, int64_t hq, int64_t hkv, int64_t d, float scale,
+                            float *scores, float *ot) {
+    if (d == 64) row_blocked(qb, dst, lse, kc, vc, kvt, sl, len, hq, hkv, 64, scale, scores, ot);
+    else if (d == 128) row_blocked(qb, dst, lse, kc, vc, kvt, sl, len, hq, hkv, 128, scale, scores, ot);
+    else row_blocked(qb, dst, lse, kc, vc, kvt, sl, len, hq, hkv, d, scale, scores, ot);
 }
 #endif
 
@@ -149,7 +159,7 @@ void paged_attention(const void *q, int q_bf16, int64_t q_ts, void *out, int out
                      int64_t max_ctx, int64_t n, int64_t hq, int64_t hkv, int64_t d, float scale, int64_t window,
                      float softcap, const float *sinks, float *lse, int nthreads, int64_t min_split) {
 #if defined(__AVX512BF16__)
-    const int fast = q_bf16 && kvt != KV_F32 && d % 32 == 0 && hq <= 256 && softcap == 0.f && !sinks;
+    const int fast = q_bf16 && kvt != KV_F32 && d % 32 == 0 && d <= 256 && hq <= 256 && softcap == 0.f && !sinks;
 #else
     const int fast = 0;
 #endif
@@ -202,12 +212,12 @@ void paged_attention(const void *q, int q_bf16, int64_t q_ts, void *out, int out
                     /* NOTE: a finite 'no keys' log-sum-exp (its weight e^(l - max) is 0): -ffast-math assumes no inf */
                     if (a >= b) { for (int64_t hh = 0; hh < hq; hh++) l[hh] = -1e30f; continue; }
                     decode_row_bf16(qt, o, l, (const char *)kc, (const char *)vc, kvt, sl + a, b - a, hq, hkv, d,
-                                    scale, scores, part, ot);
+                                    scale, scores, ot);
                     continue;
                 }
                 float *o = out_bf16 ? qf : (float *)dst_t;
                 decode_row_bf16(qt, o, lt, (const char *)kc, (const char *)vc, kvt, sl, len - first, hq, hkv, d,
-                                scale, scores, part, ot);
+                                scale, scores, ot);
                 if (out_bf16) store_row(dst_t, 1, o, hq * d);
                 continue;
             }
