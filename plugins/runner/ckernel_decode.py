@@ -45,13 +45,23 @@ void write_kv(const void *kn, const void *vn, int64_t ts, int src_bf16, void *kc
 
 #if defined(__AVX512BF16__)
 /* One block of 16 keys from key j0 of a row (len keys at slots sl) in `cache` (rows of rowb bytes): the rows' first
- * bytes into r (a last block of nk < 16 keys repeats key 0 in the rest: what is computed of them is not kept) and the
- * rows PF_DECODE blocks ahead into ahead; returns how many of those there are (0..16) */
+ * bytes into r (a last block of nk < 16 keys repeats key 0 in the rest: what is computed of them is not kept) and
+ * into `ahead` the rows PF_DECODE blocks ahead in the stream of blocks the kernel reads: this pass's own, then the
+ * next stream's (`nxt` at slots nsl, nlen keys; NULL: none): the V pass after the K pass, the next row's K after the
+ * V pass. Returns how many rows ahead there are (0..16). */
 static inline int64_t block_rows(const char **r, const char **ahead, const char *cache, const int64_t *sl,
-                                 int64_t j0, int64_t len, int64_t rowb) {
-    const int64_t nk = len - j0 < 16 ? len - j0 : 16, a = j0 + 16 * PF_DECODE;
-    const int64_t nn = PF_DECODE > 0 && a < len ? (len - a < 16 ? len - a : 16) : 0;
+                                 int64_t j0, int64_t len, int64_t rowb, const char *nxt, const int64_t *nsl,
+                                 int64_t nlen) {
+    const int64_t nk = len - j0 < 16 ? len - j0 : 16;
     for (int64_t k = 0; k < 16; k++) r[k] = cache + sl[j0 + (k < nk ? k : 0)] * rowb;
+    int64_t a = j0 + 16 * PF_DECODE;
+    if (PF_DECODE == 0) return 0;
+    if (a >= len) {   /* past this pass: into the next stream, its blocks counted from its key 0 */
+        a -= (len + 15) & ~(int64_t)15;
+        if (!nxt || a >= nlen) return 0;
+        cache = nxt, sl = nsl, len = nlen;
+    }
+    const int64_t nn = len - a < 16 ? len - a : 16;
     for (int64_t k = 0; k < nn; k++) ahead[k] = cache + sl[a + k] * rowb;
     return nn;
 }
@@ -73,13 +83,13 @@ static inline void prefetch_head(const char **ahead, int64_t nn, int64_t off, in
  * outputs through memory), 1.5x from L2 on a Zen 4; from memory the prefetch (PF_DECODE) is what counts. */
 static inline __attribute__((always_inline)) void row_blocked(const uint16_t *qb, float *dst, float *lse,
         const char *kc, const char *vc, int kvt, const int64_t *sl, int64_t len, int64_t hq, int64_t hkv,
-        const int64_t D, float scale, float *scores, float *ot) {
+        const int64_t D, float scale, float *scores, float *ot, const int64_t *next_sl, int64_t next_len) {
     const int64_t g = hq / hkv, es = kv_bytes(kvt), rowb = hkv * D * es, hb = D * es, P = D / 32;
     const __m512 vs = _mm512_set1_ps(scale);
     for (int64_t j0 = 0; j0 < len; j0 += 16) {
         const int64_t nk = len - j0 < 16 ? len - j0 : 16;
         const char *kr[16], *pr[16];   /* this block's rows, the rows PF_DECODE blocks ahead */
-        const int64_t nn = block_rows(kr, pr, kc, sl, j0, len, rowb);
+        const int64_t nn = block_rows(kr, pr, kc, sl, j0, len, rowb, vc, sl, len);
         for (int64_t hh = 0; hh < hq; hh++) {
             const int64_t off = (hh / g) * hb;
             if (hh % g == 0) prefetch_head(pr, nn, off, hb);
@@ -103,7 +113,7 @@ static inline __attribute__((always_inline)) void row_blocked(const uint16_t *qb
     for (int64_t j0 = 0; j0 < len; j0 += 16) {
         const int64_t nk = len - j0 < 16 ? len - j0 : 16;
         const char *vr[16], *pr[16];
-        const int64_t nn = block_rows(vr, pr, vc, sl, j0, len, rowb);
+        const int64_t nn = block_rows(vr, pr, vc, sl, j0, len, rowb, next_sl ? kc : NULL, next_sl, next_len);
         for (int64_t hh = 0; hh < hq; hh++) {
             const int64_t off = (hh / g) * hb;
             if (hh % g == 0) prefetch_head(pr, nn, off, hb);
@@ -137,10 +147,10 @@ static inline __attribute__((always_inline)) void row_blocked(const uint16_t *qb
  * partial sums and outputs are registers */
 static void decode_row_bf16(const uint16_t *qb, float *dst, float *lse, const char *kc, const char *vc, int kvt,
                             const int64_t *sl, int64_t len, int64_t hq, int64_t hkv, int64_t d, float scale,
-                            float *scores, float *ot) {
-    if (d == 64) row_blocked(qb, dst, lse, kc, vc, kvt, sl, len, hq, hkv, 64, scale, scores, ot);
-    else if (d == 128) row_blocked(qb, dst, lse, kc, vc, kvt, sl, len, hq, hkv, 128, scale, scores, ot);
-    else row_blocked(qb, dst, lse, kc, vc, kvt, sl, len, hq, hkv, d, scale, scores, ot);
+                            float *scores, float *ot, const int64_t *next_sl, int64_t next_len) {
+    if (d == 64) row_blocked(qb, dst, lse, kc, vc, kvt, sl, len, hq, hkv, 64, scale, scores, ot, next_sl, next_len);
+    else if (d == 128) row_blocked(qb, dst, lse, kc, vc, kvt, sl, len, hq, hkv, 128, scale, scores, ot, next_sl, next_len);
+    else row_blocked(qb, dst, lse, kc, vc, kvt, sl, len, hq, hkv, d, scale, scores, ot, next_sl, next_len);
 }
 #endif
 
@@ -212,12 +222,17 @@ void paged_attention(const void *q, int q_bf16, int64_t q_ts, void *out, int out
                     /* NOTE: a finite 'no keys' log-sum-exp (its weight e^(l - max) is 0): -ffast-math assumes no inf */
                     if (a >= b) { for (int64_t hh = 0; hh < hq; hh++) l[hh] = -1e30f; continue; }
                     decode_row_bf16(qt, o, l, (const char *)kc, (const char *)vc, kvt, sl + a, b - a, hq, hkv, d,
-                                    scale, scores, ot);
+                                    scale, scores, ot, NULL, 0);
                     continue;
                 }
+                /* the row this thread likely takes next (it + team: exact with one thread; with more, under the
+                 * dynamic schedule a guess): its first K block is prefetched during this row's last V block */
+                const int64_t nt = t + team;
+                const int64_t nlen = nt < n ? tok_pos[nt] + 1 : 0, nfirst = window > 0 && nlen > window ? nlen - window : 0;
                 float *o = out_bf16 ? qf : (float *)dst_t;
                 decode_row_bf16(qt, o, lt, (const char *)kc, (const char *)vc, kvt, sl, len - first, hq, hkv, d,
-                                scale, scores, ot);
+                                scale, scores, ot, nt < n ? slots + tok_seq[nt] * max_ctx + nfirst : NULL,
+                                nlen - nfirst);
                 if (out_bf16) store_row(dst_t, 1, o, hq * d);
                 continue;
             }
