@@ -14,9 +14,10 @@ SOURCE = r"""
 #ifndef PF_KEYS
 #define PF_KEYS 32   /* keys ahead whose K (then V) rows are prefetched */
 /* NOTE: prefetched into L2 (locality 2: prefetcht1), here and in ckernel_rows: into L1 the requests waited for L1's
- * few miss buffers. Measured on an AMD Zen 4 built without AVX-512 (-mno-avx512f), one thread, 8 layers' scattered
- * caches, fp32 queries: W1's 32 x 192 rows 14.7-15.0 -> 9.3-9.6 ms per step, W3's 16 x 2,048 89-94 -> 50-52 ms;
- * the AVX-512 fp32 rows (attend_vec) 14.4-15.4 -> 10.4-11.1 and 89.4 -> 62-69 ms. Not measured on a Zen 3. */
+ * few miss buffers. Measured on an AMD Zen 4 built without AVX-512 (benchmarks/decode_kernel.sh with
+ * CFLAGS_EXTRA=-mno-avx512f QF32=1), one thread, 8 layers' scattered caches, fp32 queries: W1's 32 x 192 rows
+ * 14.7-15.0 -> 9.3-9.6 ms per step, W3's 16 x 2,048 89-94 -> 50-52 ms; the AVX-512 fp32 rows (attend_vec)
+ * 14.4-15.4 -> 10.4-11.1 and 89.4 -> 62-69 ms. Not measured on a Zen 3. */
 #endif
 /* 8 fp32 values of a K/V row (fp32, or bf16 bits widened: exact) at `off` */
 static inline __m256 load8(const void *base, int64_t off, int bf16) {

@@ -10,10 +10,10 @@ SOURCE = r"""
 /* Software prefetch in decode_row_bf16: while a head runs over a block of 16 keys, its lines of the rows PF_DECODE
  * blocks ahead are asked for into L2 (prefetcht1: __builtin_prefetch's locality 2), so the requests are spread over
  * the block and do not wait for L1's few miss buffers; 0: none.
- * NOTE: measured on an AMD Zen 4, one thread, 8 layers' caches with blocks scattered over the pool (a C harness
- * around paged_attention, best of runs): W1's 32 x 192 rows 10.0 -> 6.1 ms per step (16.5 GB/s) and W3's
- * 16 x 2,048 rows 57 -> 29.5-32.8 ms; into L1 instead (prefetcht0): no gain over none (9.8 GB/s), the L1 miss
- * buffers are the limit; two blocks ahead: 0.9x of one. */
+ * NOTE: measured on an AMD Zen 4, one thread, 8 layers' caches with blocks scattered over the pool, best of runs
+ * (benchmarks/decode_kernel.sh: paged_attention from C): W1's 32 x 192 rows 10.0 -> 6.1 ms per step (16.5 GB/s)
+ * and W3's 16 x 2,048 rows 57 -> 29.5-32.8 ms; into L1 instead (prefetcht0): no gain over none (9.8 GB/s), the L1
+ * miss buffers are the limit; two blocks ahead: 0.9x of one. */
 #ifndef PF_DECODE
 #define PF_DECODE 1
 #endif
