@@ -115,7 +115,7 @@ static void attend_pairs8(const float *qt, float *ot, const uint16_t *kc, const 
     for (int64_t j0 = 0; j0 < len; j0 += 8) {
         const int64_t nk = len - j0 < 8 ? len - j0 : 8;
         for (int64_t k = j0 + PF_KEYS; k < j0 + PF_KEYS + 8 && k < len; k++)   /* every line, early */
-            for (int64_t b = 0; b < rowlen * 2; b += 64) __builtin_prefetch((const char *)(kc + sl[k] * rowlen) + b, 0, 2);
+            prefetch_l2(kc + sl[k] * rowlen, rowlen * 2);
         for (int64_t hh = 0; hh < hq; hh++) {
             const int64_t off = (hh / g) * d;
             const uint16_t *kr[8];
@@ -142,7 +142,7 @@ static void attend_pairs8(const float *qt, float *ot, const uint16_t *kc, const 
     for (int64_t j0 = 0; j0 < len; j0 += 16) {
         const int64_t j1 = j0 + 16 < len ? j0 + 16 : len;
         for (int64_t k = j0 + PF_KEYS; k < j0 + PF_KEYS + 16 && k < len; k++)
-            for (int64_t b = 0; b < rowlen * 2; b += 64) __builtin_prefetch((const char *)(vc + sl[k] * rowlen) + b, 0, 2);
+            prefetch_l2(vc + sl[k] * rowlen, rowlen * 2);
         for (int64_t hh = 0; hh < hq; hh++) {
             const float *sc = scores + hh * len;
             const int64_t off = (hh / g) * d;
@@ -189,7 +189,7 @@ static void attend_vec8(const float *qt, float *ot, const void *kc, const void *
     const __m256 vs = _mm256_set1_ps(scale);
     for (int64_t j0 = 0; j0 < full; j0 += 8) {
         for (int64_t k = j0 + PF_KEYS; k < j0 + PF_KEYS + 8 && k < len; k++)   /* every line, early */
-            for (int64_t b = 0; b < rowlen * es; b += 64) __builtin_prefetch((const char *)kc + sl[k] * rowlen * es + b, 0, 2);
+            prefetch_l2((const char *)kc + sl[k] * rowlen * es, rowlen * es);
         for (int64_t hh = 0; hh < hq; hh++) {
             const float *qq = qt + hh * d;
             const int64_t off = (hh / g) * d;
@@ -216,7 +216,7 @@ static void attend_vec8(const float *qt, float *ot, const void *kc, const void *
     for (int64_t j0 = 0; j0 < len; j0 += 16) {
         const int64_t j1 = j0 + 16 < len ? j0 + 16 : len;
         for (int64_t k = j0 + PF_KEYS; k < j0 + PF_KEYS + 16 && k < len; k++)
-            for (int64_t b = 0; b < rowlen * es; b += 64) __builtin_prefetch((const char *)vc + sl[k] * rowlen * es + b, 0, 2);
+            prefetch_l2((const char *)vc + sl[k] * rowlen * es, rowlen * es);
         for (int64_t hh = 0; hh < hq; hh++) {
             float *op = ot + hh * d;
             const float *sc = scores + hh * len;

@@ -17,6 +17,13 @@ SOURCE = r"""
 
 /* fp32 -> bf16 as torch's .to(torch.bfloat16) rounds: to nearest, ties to even; a NaN becomes 0x7fc0 (a bit test,
  * not isnan: the kernels build with -ffast-math) */
+/* Ask for `bytes` from p (cache rows ahead of their use) into L2: __builtin_prefetch's locality 2 (prefetcht1).
+ * NOTE: into L1 (prefetcht0) the requests wait for L1's few miss buffers, and the decode kernels gained nothing over
+ * no prefetch at all on a Zen 4 (benchmarks/decode_kernel.sh; ckernel_decode's PF_DECODE, ckernel_avx2's PF_KEYS) */
+static inline void prefetch_l2(const void *p, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)p + b, 0, 2);
+}
+
 static inline uint16_t f32_to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);

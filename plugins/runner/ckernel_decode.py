@@ -68,8 +68,7 @@ static inline int64_t block_rows(const char **r, const char **ahead, const char 
 
 /* Head `off` (its byte offset in a row, hb bytes) of the nn rows ahead, asked for into L2 (prefetcht1) */
 static inline void prefetch_head(const char **ahead, int64_t nn, int64_t off, int64_t hb) {
-    for (int64_t k = 0; k < nn; k++)
-        for (int64_t b = 0; b < hb; b += 64) __builtin_prefetch(ahead[k] + off + b, 0, 2);
+    for (int64_t k = 0; k < nn; k++) prefetch_l2(ahead[k] + off, hb);
 }
 
 /* One decode row, bf16 queries over a bf16 or fp8 cache (kvt; d = D, D % 32 == 0, <= 256; fp8 codes are read as the

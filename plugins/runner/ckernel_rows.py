@@ -39,7 +39,7 @@ static void attend_vec(const float *qt, const uint16_t *qbt, float *ot, const vo
     const __m512 vs = _mm512_set1_ps(scale);
     for (int64_t j0 = 0; j0 < full; j0 += 16) {
         for (int64_t k = j0 + 16 * PF_BLOCKS; k < j0 + 16 * PF_BLOCKS + 16 && k < len; k++)   /* every line, early */
-            for (int64_t b = 0; b < rowlen * es; b += 64) __builtin_prefetch((const char *)kc + sl[k] * rowlen * es + b, 0, 2);
+            prefetch_l2((const char *)kc + sl[k] * rowlen * es, rowlen * es);
         for (int64_t hh = 0; hh < hq; hh++)
             _mm512_storeu_ps(scores + hh * len + j0,
                              _mm512_mul_ps(dot16(qt + hh * d, qbt ? qbt + hh * d : NULL, kc, bf16, sl + j0, rowlen,
@@ -57,7 +57,7 @@ static void attend_vec(const float *qt, const uint16_t *qbt, float *ot, const vo
     for (int64_t j0 = 0; j0 < len; j0 += 16) {
         const int64_t j1 = j0 + 16 < len ? j0 + 16 : len;
         for (int64_t k = j0 + 16 * PF_BLOCKS; k < j0 + 16 * PF_BLOCKS + 16 && k < len; k++)
-            for (int64_t b = 0; b < rowlen * es; b += 64) __builtin_prefetch((const char *)vc + sl[k] * rowlen * es + b, 0, 2);
+            prefetch_l2((const char *)vc + sl[k] * rowlen * es, rowlen * es);
         for (int64_t hh = 0; hh < hq; hh++) {
             __m512 o[16];
             float *op = ot + hh * d;
@@ -86,8 +86,7 @@ static inline int64_t load_head(__m512 *dst, const void *cache, int64_t off, int
 /* Prefetch the K or V row of `slot` (rowlen values, fp32 or bf16). */
 static inline void ask_row(const void *cache, int64_t slot, int64_t rowlen, int bf16) {
     const int64_t bytes = rowlen * (bf16 ? 2 : 4);
-    const char *p = (const char *)cache + slot * bytes;
-    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 2);
+    prefetch_l2((const char *)cache + slot * bytes, bytes);
 }
 
 /* One query token over its whole context, all heads at once: for each context slot the K (then V)
