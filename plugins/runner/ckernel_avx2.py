@@ -1,13 +1,14 @@
-"""The row kernels for CPUs with AVX2 and FMA but no AVX-512 (AMD Zen 2/3, Intel before Skylake-SP), plain attention
-of one fp32 query token over its context: `attend_pairs8` over a bf16 cache (d % 16 == 0, d <= 128: each 32-bit
-word's two bf16 halves widened by a shift and a mask) and `attend_vec8` otherwise (d % 8 == 0, d <= 256), eight
-keys' scores per transposing sum, a vector e^x and softmax. Without them those machines ran `attend`, one
-horizontal sum per key and head and a scalar expf per score.
+"""The row kernels for CPUs with AVX2 and FMA but no AVX-512 (AMD Zen 2/3, Intel before Skylake-SP): `attend_vec8`,
+plain attention of one fp32 query token over its context in an fp32 or bf16 cache (d % 8 == 0, d <= 256), eight keys'
+scores per transposing sum, a vector e^x and softmax; and the helpers ckernel_decode_avx2's decode_row8 (bf16 and
+fp8 caches, d % 16 == 0) shares with it. Without them those machines ran `attend`, one horizontal sum per key and head
+and a scalar expf per score.
 
 Measured on a Zen 3 core (benchmarks/decode_attention.py --q-dtype float32 --base 7547015, one thread, while
 another process ran the test suite on the second core): W1's decode (32 x 192) 1.14-1.24x `attend` in three runs;
 W3's (16 x 2,048) 0.88-1.14x, within this machine's noise there. In place in the W1 decode step
-(benchmarks/gemm_fraction.py --dtype float32) attention went from 15.9 to 13.9-15.1 ms."""
+(benchmarks/gemm_fraction.py --dtype float32) attention went from 15.9 to 13.9-15.1 ms. (Those figures are of
+attend_vec8 and attend_pairs8, the bf16 kernel decode_row8 replaced.)"""
 
 SOURCE = r"""
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
@@ -95,88 +96,6 @@ static inline void softmax8_rows(float *scores, int64_t hq, int64_t len, float *
         for (int64_t j = full; j < len; j++) sc[j] *= inv;
         if (lse) lse[hh] = m + logf(sum);
     }
-}
-
-/* attend_vec8 over a bf16 cache, d % 16 == 0, d <= 128: each 32-bit word of a K/V row holds two bf16 values,
- * and (w << 16, w & 0xffff0000) are both as fp32 in two integer ops, with no shuffles and one 256-bit load per 16
- * values (widening eight at a time took a load, a widening shuffle and a shift per eight, and that, not the FMAs
- * or memory, set the pace on Zen 3). q is split into its even and odd elements once (qe, qo) so that a dot product
- * pairs them with the words' low and high halves; P V accumulates even and odd outputs apart (oe, oo), interleaved
- * at the end. work: 2 * hq * d floats. */
-static void attend_pairs8(const float *qt, float *ot, const uint16_t *kc, const uint16_t *vc, const int64_t *sl,
-                          int64_t len, int64_t hq, int64_t hkv, int64_t d, float scale, float *scores, float *lse,
-                          float *work) {
-    const int64_t g = hq / hkv, rowlen = hkv * d, dw = d / 2;
-    float *qe = work, *qo = work + hq * dw, *oe = work + 2 * hq * dw, *oo = oe + hq * dw;
-    for (int64_t hh = 0; hh < hq; hh++)
-        for (int64_t w = 0; w < dw; w++) { qe[hh * dw + w] = qt[hh * d + 2 * w]; qo[hh * dw + w] = qt[hh * d + 2 * w + 1]; }
-    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
-    const __m256 vs = _mm256_set1_ps(scale);
-    for (int64_t j0 = 0; j0 < len; j0 += 8) {
-        const int64_t nk = len - j0 < 8 ? len - j0 : 8;
-        for (int64_t k = j0 + PF_KEYS; k < j0 + PF_KEYS + 8 && k < len; k++)   /* every line, early */
-            prefetch_l2(kc + sl[k] * rowlen, rowlen * 2);
-        for (int64_t hh = 0; hh < hq; hh++) {
-            const int64_t off = (hh / g) * d;
-            const uint16_t *kr[8];
-            __m256 acc[8];
-            for (int k = 0; k < 8; k++) { acc[k] = _mm256_setzero_ps(); kr[k] = kc + sl[j0 + (k < nk ? k : 0)] * rowlen + off; }
-            for (int64_t w = 0; w < dw; w += 8) {
-                const __m256 qev = _mm256_loadu_ps(qe + hh * dw + w), qov = _mm256_loadu_ps(qo + hh * dw + w);
-                for (int k = 0; k < 8; k++) {
-                    const __m256i x = _mm256_loadu_si256((const __m256i *)(kr[k] + 2 * w));
-                    acc[k] = _mm256_fmadd_ps(qev, _mm256_castsi256_ps(_mm256_slli_epi32(x, 16)), acc[k]);
-                    acc[k] = _mm256_fmadd_ps(qov, _mm256_castsi256_ps(_mm256_and_si256(x, hi)), acc[k]);
-                }
-            }
-            if (nk == 8) _mm256_storeu_ps(scores + hh * len + j0, _mm256_mul_ps(hsum8(acc), vs));
-            else {
-                float tmp[8];
-                _mm256_storeu_ps(tmp, _mm256_mul_ps(hsum8(acc), vs));
-                for (int64_t k = 0; k < nk; k++) scores[hh * len + j0 + k] = tmp[k];
-            }
-        }
-    }
-    softmax8_rows(scores, hq, len, lse);
-    memset(oe, 0, sizeof(float) * (size_t)(2 * hq * dw));
-    for (int64_t j0 = 0; j0 < len; j0 += 16) {
-        const int64_t j1 = j0 + 16 < len ? j0 + 16 : len;
-        for (int64_t k = j0 + PF_KEYS; k < j0 + PF_KEYS + 16 && k < len; k++)
-            prefetch_l2(vc + sl[k] * rowlen, rowlen * 2);
-        for (int64_t hh = 0; hh < hq; hh++) {
-            const float *sc = scores + hh * len;
-            const int64_t off = (hh / g) * d;
-            float *pe = oe + hh * dw, *po = oo + hh * dw;
-            int64_t w0 = 0;
-            for (; w0 + 32 <= dw; w0 += 32) {   /* 64 values: eight accumulators, unrolled by the compiler */
-                __m256 e[4], o[4];
-                for (int b = 0; b < 4; b++) { e[b] = _mm256_loadu_ps(pe + w0 + 8 * b); o[b] = _mm256_loadu_ps(po + w0 + 8 * b); }
-                for (int64_t j = j0; j < j1; j++) {
-                    const __m256 p = _mm256_set1_ps(sc[j]);
-                    const uint16_t *vr = vc + sl[j] * rowlen + off + 2 * w0;
-                    for (int b = 0; b < 4; b++) {
-                        const __m256i x = _mm256_loadu_si256((const __m256i *)(vr + 16 * b));
-                        e[b] = _mm256_fmadd_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(x, 16)), e[b]);
-                        o[b] = _mm256_fmadd_ps(p, _mm256_castsi256_ps(_mm256_and_si256(x, hi)), o[b]);
-                    }
-                }
-                for (int b = 0; b < 4; b++) { _mm256_storeu_ps(pe + w0 + 8 * b, e[b]); _mm256_storeu_ps(po + w0 + 8 * b, o[b]); }
-            }
-            for (; w0 < dw; w0 += 8) {
-                __m256 e = _mm256_loadu_ps(pe + w0), o = _mm256_loadu_ps(po + w0);
-                for (int64_t j = j0; j < j1; j++) {
-                    const __m256 p = _mm256_set1_ps(sc[j]);
-                    const __m256i x = _mm256_loadu_si256((const __m256i *)(vc + sl[j] * rowlen + off + 2 * w0));
-                    e = _mm256_fmadd_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(x, 16)), e);
-                    o = _mm256_fmadd_ps(p, _mm256_castsi256_ps(_mm256_and_si256(x, hi)), o);
-                }
-                _mm256_storeu_ps(pe + w0, e);
-                _mm256_storeu_ps(po + w0, o);
-            }
-        }
-    }
-    for (int64_t hh = 0; hh < hq; hh++)
-        for (int64_t w = 0; w < dw; w++) { ot[hh * d + 2 * w] = oe[hh * dw + w]; ot[hh * d + 2 * w + 1] = oo[hh * dw + w]; }
 }
 
 /* One query token (fp32 q, every head) over its context (slots sl[0..len)), d % 8 == 0, d <= 256, plain attention:

@@ -15,8 +15,6 @@ SOURCE = r"""
 #include <immintrin.h>
 #endif
 
-/* fp32 -> bf16 as torch's .to(torch.bfloat16) rounds: to nearest, ties to even; a NaN becomes 0x7fc0 (a bit test,
- * not isnan: the kernels build with -ffast-math) */
 /* Ask for `bytes` from p (cache rows ahead of their use) into L2: __builtin_prefetch's locality 2 (prefetcht1).
  * NOTE: into L1 (prefetcht0) the requests wait for L1's few miss buffers, and the decode kernels gained nothing over
  * no prefetch at all on a Zen 4 (benchmarks/decode_kernel.sh; ckernel_decode's PF_DECODE, ckernel_avx2's PF_KEYS) */
@@ -24,6 +22,46 @@ static inline void prefetch_l2(const void *p, int64_t bytes) {
     for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)p + b, 0, 2);
 }
 
+/* Software prefetch in the blocked decode row kernels (ckernel_decode's decode_row_bf16, ckernel_decode_avx2's
+ * decode_row8): while a head runs over a block of 16 keys, its lines of the rows PF_DECODE blocks ahead are asked for
+ * into L2 (prefetcht1: __builtin_prefetch's locality 2), so the requests are spread over the block and do not wait
+ * for L1's few miss buffers; 0: none.
+ * NOTE: measured on an AMD Zen 4, one thread, 8 layers' caches with blocks scattered over the pool, best of runs
+ * (benchmarks/decode_kernel.sh: paged_attention from C): W1's 32 x 192 rows 10.0 -> 6.1 ms per step (16.5 GB/s)
+ * and W3's 16 x 2,048 rows 57 -> 29.5-32.8 ms; into L1 instead (prefetcht0): no gain over none (9.8 GB/s), the L1
+ * miss buffers are the limit; two blocks ahead: 0.9x of one. */
+#ifndef PF_DECODE
+#define PF_DECODE 1
+#endif
+/* One block of 16 keys from key j0 of a row (len keys at slots sl) in `cache` (rows of rowb bytes): the rows' first
+ * bytes into r (a last block of nk < 16 keys repeats key 0 in the rest: what is computed of them is not kept) and
+ * into `ahead` the rows PF_DECODE blocks ahead in the stream of blocks the kernel reads: this pass's own, then the
+ * next stream's (`nxt` at slots nsl, nlen keys; NULL: none): the V pass after the K pass, the next row's K after the
+ * V pass. Returns how many rows ahead there are (0..16). */
+static inline int64_t block_rows(const char **r, const char **ahead, const char *cache, const int64_t *sl,
+                                 int64_t j0, int64_t len, int64_t rowb, const char *nxt, const int64_t *nsl,
+                                 int64_t nlen) {
+    const int64_t nk = len - j0 < 16 ? len - j0 : 16;
+    for (int64_t k = 0; k < 16; k++) r[k] = cache + sl[j0 + (k < nk ? k : 0)] * rowb;
+    int64_t a = j0 + 16 * PF_DECODE;
+    if (PF_DECODE == 0) return 0;
+    if (a >= len) {   /* past this pass: into the next stream, its blocks counted from its key 0 */
+        a -= (len + 15) & ~(int64_t)15;
+        if (!nxt || a >= nlen) return 0;
+        cache = nxt, sl = nsl, len = nlen;
+    }
+    const int64_t nn = len - a < 16 ? len - a : 16;
+    for (int64_t k = 0; k < nn; k++) ahead[k] = cache + sl[a + k] * rowb;
+    return nn;
+}
+
+/* Head `off` (its byte offset in a row, hb bytes) of the nn rows ahead, asked for into L2 (prefetcht1) */
+static inline void prefetch_head(const char **ahead, int64_t nn, int64_t off, int64_t hb) {
+    for (int64_t k = 0; k < nn; k++) prefetch_l2(ahead[k] + off, hb);
+}
+
+/* fp32 -> bf16 as torch's .to(torch.bfloat16) rounds: to nearest, ties to even; a NaN becomes 0x7fc0 (a bit test,
+ * not isnan: the kernels build with -ffast-math) */
 static inline uint16_t f32_to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);

@@ -7,16 +7,6 @@ rows to keep them busy, a row's keys can be split across threads and merged by l
 off by default: it did not pay on this shared machine)."""
 
 SOURCE = r"""
-/* Software prefetch in decode_row_bf16: while a head runs over a block of 16 keys, its lines of the rows PF_DECODE
- * blocks ahead are asked for into L2 (prefetcht1: __builtin_prefetch's locality 2), so the requests are spread over
- * the block and do not wait for L1's few miss buffers; 0: none.
- * NOTE: measured on an AMD Zen 4, one thread, 8 layers' caches with blocks scattered over the pool, best of runs
- * (benchmarks/decode_kernel.sh: paged_attention from C): W1's 32 x 192 rows 10.0 -> 6.1 ms per step (16.5 GB/s)
- * and W3's 16 x 2,048 rows 57 -> 29.5-32.8 ms; into L1 instead (prefetcht0): no gain over none (9.8 GB/s), the L1
- * miss buffers are the limit; two blocks ahead: 0.9x of one. */
-#ifndef PF_DECODE
-#define PF_DECODE 1
-#endif
 /* n values (fp32 or bf16) into a cache row of type dst_kvt (KV_*): a copy, a widening (exact) or a rounding */
 static inline void copy_row(void *dst, int dst_kvt, const void *src, int src_bf16, int64_t n, float *tmp) {
     if (dst_kvt >= KV_E4M3) {
@@ -44,33 +34,6 @@ void write_kv(const void *kn, const void *vn, int64_t ts, int src_bf16, void *kc
 }
 
 #if defined(__AVX512BF16__)
-/* One block of 16 keys from key j0 of a row (len keys at slots sl) in `cache` (rows of rowb bytes): the rows' first
- * bytes into r (a last block of nk < 16 keys repeats key 0 in the rest: what is computed of them is not kept) and
- * into `ahead` the rows PF_DECODE blocks ahead in the stream of blocks the kernel reads: this pass's own, then the
- * next stream's (`nxt` at slots nsl, nlen keys; NULL: none): the V pass after the K pass, the next row's K after the
- * V pass. Returns how many rows ahead there are (0..16). */
-static inline int64_t block_rows(const char **r, const char **ahead, const char *cache, const int64_t *sl,
-                                 int64_t j0, int64_t len, int64_t rowb, const char *nxt, const int64_t *nsl,
-                                 int64_t nlen) {
-    const int64_t nk = len - j0 < 16 ? len - j0 : 16;
-    for (int64_t k = 0; k < 16; k++) r[k] = cache + sl[j0 + (k < nk ? k : 0)] * rowb;
-    int64_t a = j0 + 16 * PF_DECODE;
-    if (PF_DECODE == 0) return 0;
-    if (a >= len) {   /* past this pass: into the next stream, its blocks counted from its key 0 */
-        a -= (len + 15) & ~(int64_t)15;
-        if (!nxt || a >= nlen) return 0;
-        cache = nxt, sl = nsl, len = nlen;
-    }
-    const int64_t nn = len - a < 16 ? len - a : 16;
-    for (int64_t k = 0; k < nn; k++) ahead[k] = cache + sl[a + k] * rowb;
-    return nn;
-}
-
-/* Head `off` (its byte offset in a row, hb bytes) of the nn rows ahead, asked for into L2 (prefetcht1) */
-static inline void prefetch_head(const char **ahead, int64_t nn, int64_t off, int64_t hb) {
-    for (int64_t k = 0; k < nn; k++) prefetch_l2(ahead[k] + off, hb);
-}
-
 /* One decode row, bf16 queries over a bf16 or fp8 cache (kvt; d = D, D % 32 == 0, <= 256; fp8 codes are read as the
  * bf16 values they are, load_pairs32): keys sl[0..len), by blocks of 16 keys, head by head within a block.
  * Scores: a head's 16 keys' partial dot products (bf16 pairs) stay in registers and are reduced once (hsum16).
@@ -192,21 +155,30 @@ void paged_attention(const void *q, int q_bf16, int64_t q_ts, void *out, int out
 #else
     const int fp8_fast = 0;
 #endif
+#if defined(HAVE_DECODE_ROW8)
+    const int row8_fast = (kvt == KV_BF16 || (fp8 && ROW8_FP8)) && d % 16 == 0 && d <= 256 && softcap == 0.f && !sinks;
+#else
+    const int row8_fast = 0;
+#endif
     #pragma omp parallel num_threads(team)
     {
-        /* per-thread scratch: scores [hq][keys], 16 keys' partial dots per head, one output row, one q row, one K/V
-         * row, and with an fp8 cache 16 K or V rows widened to fp32 */
-        float *scores = (float *)malloc(sizeof(float) * (size_t)(hq * chunk + hq * 256 + 2 * hq * d + d + 64
+        /* per-thread scratch: scores [hq][keys], 16 keys' partial dots per head (AVX2: a q row and an output row
+         * in decode_row8's order), one output row, one q row, one K/V row, and with an fp8 cache 16 K or V rows
+         * widened to fp32 */
+        float *scores = (float *)malloc(sizeof(float) * (size_t)(hq * chunk + hq * 512 + 2 * hq * d + d + 64
                                                                  + (fp8_fast ? 16 * hkv * d : 0)));
-        float *part = scores + hq * chunk, *ot = part + hq * 256, *qf = ot + hq * d, *row = qf + hq * d;
+        float *part = scores + hq * chunk, *ot = part + hq * 512, *qf = ot + hq * d, *row = qf + hq * d;
         /* the portable path over an fp8 cache: a token's K and V widened to fp32 rows (keys 0..), then `attend` */
-        float *wctx = fp8 && !fp8_fast ? (float *)malloc(sizeof(float) * (size_t)(2 * max_ctx * hkv * d)) : NULL;
+        float *wctx = fp8 && !fp8_fast && !row8_fast ? (float *)malloc(sizeof(float) * (size_t)(2 * max_ctx * hkv * d))
+                                                       : NULL;
         int64_t *ids = wctx ? (int64_t *)malloc(sizeof(int64_t) * (size_t)max_ctx) : NULL;
         for (int64_t j = 0; ids && j < max_ctx; j++) ids[j] = j;
-        float *wide = row + d + 64;
+        float *wide = row + d + 64;   /* decode_row_fp8's 16 widened rows (AVX-512) */
+        (void)wide;
         #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < n * parts; it++) {
             const int64_t t = it / parts, pi = it % parts;
+            (void)pi;   /* a part's index: only the AVX512-BF16 rows are split */
             const int64_t len = tok_pos[t] + 1, first = window > 0 && len > window ? len - window : 0;
             const int64_t *sl = slots + tok_seq[t] * max_ctx + first;
             float *lt = lse ? lse + t * hq : NULL;
@@ -256,10 +228,15 @@ void paged_attention(const void *q, int q_bf16, int64_t q_ts, void *out, int out
             else if (d % 16 == 0 && d <= 256 && softcap == 0.f && !sinks)
                 attend_vec(qt, NULL, o, kc, vc, kvt, sl, len - first, hq, hkv, d, scale, scores, lt);
 #elif defined(__AVX2__) && defined(__FMA__)
-            /* part: hq * 256 floats >= 2 * hq * d */
-            else if (kvt == KV_BF16 && d % 16 == 0 && d <= 128 && softcap == 0.f && !sinks)
-                attend_pairs8(qt, o, (const uint16_t *)kc, (const uint16_t *)vc, sl, len - first, hq, hkv, d, scale,
-                              scores, lt, part);
+#if defined(HAVE_DECODE_ROW8)
+            else if (row8_fast) {   /* part: hq * 512 floats >= 2 * hq * d; the next row as decode_row_bf16's */
+                const int64_t nt = t + team;
+                const int64_t nlen = nt < n ? tok_pos[nt] + 1 : 0, nfirst = window > 0 && nlen > window ? nlen - window : 0;
+                decode_row8(qt, o, lt, (const char *)kc, (const char *)vc, kvt, sl, len - first, hq, hkv, d, scale,
+                            scores, part, part + hq * d, nt < n ? slots + tok_seq[nt] * max_ctx + nfirst : NULL,
+                            nlen - nfirst);
+            }
+#endif
             else if (d % 8 == 0 && d <= 256 && softcap == 0.f && !sinks)
                 attend_vec8(qt, o, kc, vc, kvt, sl, len - first, hq, hkv, d, scale, scores, lt);
 #endif

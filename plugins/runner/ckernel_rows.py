@@ -98,17 +98,14 @@ static void attend(const float *qt, float *ot, const void *kc, const void *vc, i
     const int64_t g = hq / hkv, rowlen = hkv * d;
 #if defined(__AVX512F__)
     const int vec = d % 16 == 0 && d <= 256;
-#else
-    const int vec = 0;
 #endif
     for (int64_t j = 0; j < len; j++) {
-        const int64_t base = sl[j] * rowlen;
         if (j + PF_AHEAD < len) ask_row(kc, sl[j + PF_AHEAD], rowlen, bf16);   /* the next rows sit in another block */
         for (int64_t h = 0; h < hkv; h++) {
 #if defined(__AVX512F__)
             if (vec) {
                 __m512 k[16];
-                const int64_t nv = load_head(k, kc, base + h * d, d, bf16);
+                const int64_t nv = load_head(k, kc, sl[j] * rowlen + h * d, d, bf16);
                 for (int64_t gi = 0; gi < g; gi++) {
                     const float *qq = qt + (h * g + gi) * d;
                     __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qq), k[0]);
@@ -141,13 +138,12 @@ static void attend(const float *qt, float *ot, const void *kc, const void *vc, i
     }
     memset(ot, 0, sizeof(float) * (size_t)(hq * d));
     for (int64_t j = 0; j < len; j++) {
-        const int64_t base = sl[j] * rowlen;
         if (j + PF_AHEAD < len) ask_row(vc, sl[j + PF_AHEAD], rowlen, bf16);
         for (int64_t h = 0; h < hkv; h++) {
 #if defined(__AVX512F__)
             if (vec) {
                 __m512 v16[16];
-                const int64_t nv = load_head(v16, vc, base + h * d, d, bf16);
+                const int64_t nv = load_head(v16, vc, sl[j] * rowlen + h * d, d, bf16);
                 for (int64_t gi = 0; gi < g; gi++) {
                     const __m512 p = _mm512_set1_ps(scores[(h * g + gi) * len + j]);
                     float *o = ot + (h * g + gi) * d;

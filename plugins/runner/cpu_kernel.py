@@ -39,13 +39,14 @@ import torch
 
 from modelcall.core import native
 from modelcall.plugins.runner import (
-    ckernel_avx2, ckernel_block, ckernel_block_avx2, ckernel_common, ckernel_decode, ckernel_fp8, ckernel_rows,
+    ckernel_avx2, ckernel_block, ckernel_block_avx2, ckernel_common, ckernel_decode, ckernel_decode_avx2, ckernel_fp8,
+    ckernel_rows,
 )
 
 
 # One library, one idea per source module (each module's docstring says which)
 SOURCE = "\n".join([ckernel_common.SOURCE, ckernel_fp8.SOURCE, ckernel_rows.SOURCE, ckernel_avx2.SOURCE,
-                    ckernel_block.SOURCE, ckernel_block_avx2.SOURCE, ckernel_decode.SOURCE])
+                    ckernel_decode_avx2.SOURCE, ckernel_block.SOURCE, ckernel_block_avx2.SOURCE, ckernel_decode.SOURCE])
 
 # Keys per part when a row's keys are split across threads (few rows, more threads); 0: never split, whole rows go
 # to threads. NOTE: off by default: on this shared 2-core machine (load 4-6) splitting 1 x 4,096 and 4 x 4,096
