@@ -3,8 +3,8 @@
  * kernel's source (cpu_kernel.SOURCE) included first:
  *     decode_kernel ROWS CTX LAYERS IN_ORDER SECONDS LABEL
  * Environment: QF32=1 (fp32 queries instead of bf16), KVT=2 (an fp8 E4M3 cache instead of bf16; 3: E5M2), NT=N (the
- * kernel's threads), HUGE=1 (the caches madvised onto
- * huge pages, as torch's THP_MEM_ALLOC_ENABLE does). Prints the mean and best ms per step, the K/V bytes per step
+ * kernel's threads), HUGE=0 (4 KB pages; by default the caches are madvised onto huge pages, as torch's
+ * THP_MEM_ALLOC_ENABLE=1 does for the engine). Prints the mean and best ms per step, the K/V bytes per step
  * over the best time, and a checksum of the output (equal checksums: the same results). W1's heads: 8 x 64, MHA. */
 #include <stdio.h>
 #include <time.h>
@@ -35,7 +35,10 @@ int main(int argc, char **argv) {
     for (int l = 0; l < L; l++) {   /* one pool per layer, so a step's K/V come from memory as in a real step */
         kc[l] = aligned_alloc(2u << 20, bytes);
         vc[l] = aligned_alloc(2u << 20, bytes);
-        if (getenv("HUGE")) { madvise(kc[l], bytes, MADV_HUGEPAGE); madvise(vc[l], bytes, MADV_HUGEPAGE); }
+        if (!getenv("HUGE") || atoi(getenv("HUGE"))) {   /* as the engine's THP_MEM_ALLOC_ENABLE=1 */
+            madvise(kc[l], bytes, MADV_HUGEPAGE);
+            madvise(vc[l], bytes, MADV_HUGEPAGE);
+        }
         if (es == 2)
             for (int64_t i = 0; i < pool * bs * w; i++) { kc[l][i] = rnd_bf16(); vc[l][i] = rnd_bf16(); }
         else   /* fp8 codes of +-[0.25, 4) or so: exponent bits never all ones, so never NaN */

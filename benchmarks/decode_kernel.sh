@@ -4,7 +4,8 @@
 #   benchmarks/decode_kernel.sh [BASE_REV]   (default: HEAD~1)
 # Environment: SHAPES ("32x192 16x2048": rows x context), LAYERS=8, ROUNDS=3, RUN_SECONDS=2 per run, NT=1 (threads;
 # pinned to CPUs 0..NT-1), CFLAGS_EXTRA (e.g. "-DPF_DECODE=2", or "-mno-avx512f" for the AVX2 kernels), QF32=1,
-# KVT=2 (fp8 E4M3 cache; 3: E5M2).
+# KVT=2 (fp8 E4M3 cache; 3: E5M2), HUGE=0 (4 KB pages; by default the caches are on transparent huge pages, as the
+# modelcall command puts torch's large allocations).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 py=${PYTHON:-$repo/.venv/bin/python}

@@ -1,8 +1,9 @@
 """The decode row kernel for CPUs with AVX2 and FMA but no AVX-512 (AMD Zen 2/3, Intel Haswell to Comet Lake):
 `decode_row8`, one fp32 query token over its context in a bf16 or fp8 (E4M3, E5M2) cache, plain attention, d % 16 ==
-0 and d <= 256. It walks the keys by blocks of 16, head by head (the shape of ckernel_decode's decode_row_bf16), with
-the next block's lines of the head asked for into L2 while it runs (ckernel_common's PF_DECODE, block_rows), and the
-prefetch running on from the K pass into the V pass and from the V pass into the next row's K.
+0 and d <= 256. It walks the keys by blocks of 16, head by head (the shape of ckernel_decode's decode_row_bf16), and
+asks for the lines of the next block (ckernel_common's PF_DECODE, block_rows) into L2 a few at a time, in address
+order, spread over the block's work (pf_stream: a few lines per 16 values of a head's K, per key of its V), the stream
+running on from the K pass into the V pass and from the V pass into the next row's K.
 
 Each 16 cache values are read as two fp32 vectors by a few integer ops, with no shuffle:
 - bf16: one 256-bit load; (w << 16) and (w & 0xffff0000) are the even and the odd values (attend_pairs8's trick), so
@@ -17,9 +18,16 @@ Measured on an AMD Zen 3 core (benchmarks/decode_kernel.sh with QF32=1, one thre
 of alternating runs): over fp8 E4M3 (KVT=2) W1's 32 x 192 rows 47.0-47.7 -> 11.2-11.5 ms per step and W3's 16 x
 2,048 rows 237-274 -> 62-66 ms; over bf16 against attend_pairs8 (which it replaced) 21.0-25.1 -> 20.6-22.5 ms and
 116-126 -> 113-115 ms. From L3 this core runs the bf16 rows at 25 GB/s and the fp8 ones at 9 GB/s (the widening
-is the work); from memory the bf16 rows reach 6-7 GB/s against 8.7 GB/s for a plain read of 16 KB blocks in random
-order (11 GB/s in order), and PF_DECODE 0, 1, 2 or 4 and prefetch localities 0-3 all fell within this machine's
-noise.
+is the work).
+
+Why the prefetches are spread: a whole head's lines of the next block asked for at once (32 prefetcht1 in a burst,
+as decode_row_bf16 does on AVX-512) fill L1's miss buffers, the loads behind them wait, and the work and the memory
+traffic took turns: W1's rows ran at 10-11 GB/s, what 25 GB/s of work and 18.5 GB/s of plain reads of scattered
+16 KB blocks (huge pages) give one after the other. Spread over the block (QF32=1 decode_kernel.sh, huge pages, three
+alternating rounds on the Zen 3, means): W1's 32 x 192 rows 9.9-10.8 -> 6.9-7.1 ms per step (best 5.8-6.0 ms,
+17 GB/s) and W3's 16 x 2,048 rows 59-63 -> 38-39 ms; over fp8 no change (the widening, not memory, is the limit).
+Coarser spreads gave less: a whole row per head and eight keys 7.8-9.2 ms, a run of lines per head and eight keys
+(K) and per head (V) 6.3-8.4 ms.
 """
 
 SOURCE = r"""
@@ -75,14 +83,15 @@ static inline __attribute__((always_inline)) void row8(const float *qt, float *d
         const int64_t nk = len - j0 < 16 ? len - j0 : 16;
         const char *kr[16], *pr[16];
         const int64_t nn = block_rows(kr, pr, kc, sl, j0, len, rowb, vc, sl, len);
+        pf_stream pf = pf_start(pr, nn, rowb, hq * ((nk + 7) / 8) * P);   /* a few lines per piece */
         for (int64_t hh = 0; hh < hq; hh++) {
             const int64_t off = (hh / g) * hb;
-            if (hh % g == 0) prefetch_head(pr, nn, off, hb);
             const float *qh = q + hh * D;
             for (int64_t half = 0; half < 16 && half < nk; half += 8) {
                 __m256 acc[8];
                 for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
                 for (int64_t p = 0; p < P; p++) {
+                    pf_some(&pf);
                     const __m256 qa = _mm256_loadu_ps(qh + 16 * p), qb = _mm256_loadu_ps(qh + 16 * p + 8);
                     for (int k = 0; k < 8; k++) {
                         __m256 a, b;
@@ -106,9 +115,9 @@ static inline __attribute__((always_inline)) void row8(const float *qt, float *d
         const int64_t nk = len - j0 < 16 ? len - j0 : 16;
         const char *vr[16], *pr[16];
         const int64_t nn = block_rows(vr, pr, vc, sl, j0, len, rowb, next_sl ? kc : NULL, next_sl, next_len);
+        pf_stream pf = pf_start(pr, nn, rowb, hq * nk);   /* a few lines per key */
         for (int64_t hh = 0; hh < hq; hh++) {
             const int64_t off = (hh / g) * hb;
-            if (hh % g == 0) prefetch_head(pr, nn, off, hb);
             const float *pp = scores + hh * len + j0;
             for (int64_t p0 = 0; p0 < P; p0 += 4) {   /* 64 values: eight accumulators */
                 const int64_t np = P - p0 < 4 ? P - p0 : 4;
@@ -116,6 +125,7 @@ static inline __attribute__((always_inline)) void row8(const float *qt, float *d
                 __m256 acc[8];
                 for (int64_t v = 0; v < 2 * np; v++) acc[v] = j0 ? _mm256_loadu_ps(o + 8 * v) : _mm256_setzero_ps();
                 for (int64_t k = 0; k < nk; k++) {
+                    if (p0 == 0) pf_some(&pf);
                     const __m256 pj = _mm256_set1_ps(pp[k]);
                     for (int64_t p = 0; p < np; p++) {
                         __m256 a, b;
