@@ -78,6 +78,36 @@ def lockstep_logits(runners: list, seed: int) -> list[list[torch.Tensor]]:
     return out
 
 
+@pytest.mark.parametrize("name,threads", [("llama3", 1), ("qwen2", 2)])
+def test_fp32_packed_layers_do_their_residual_adds_as_gemm_post_ops(name, threads, family_dirs, monkeypatch):
+    """fp32 with packed linears (as for a large bf16 checkpoint on an AVX2 CPU): the o and down GEMMs add their
+    output to the residual stream as a post-op, so add_rmsnorm only normalizes (it is never handed a summand);
+    logits equal the same runner's with the post-ops off and are within 1e-4 of transformers'."""
+    from transformers import AutoModelForCausalLM
+    if not packing.can_pack(torch.float32):
+        pytest.skip("oneDNN cannot pack fp32 here")
+    monkeypatch.setattr(packing, "FP32_MIN_WEIGHTS", 0)   # the test models are small: pack them as a large one
+    model_dir = family_dirs[name]
+    runner = make_runner(model_dir, threads=threads)
+    plain = make_runner(model_dir, threads=threads, plugin_config={"runner": {"lean_epilogues": False}})
+    assert isinstance(runner.lean, lean.LeanStack) and isinstance(plain.lean, lean.LeanStack)
+    assert all(L.o_add is not None and L.down_add is not None for L in runner.lean.layers)
+    assert plain.lean.layers[0].o_add is None and plain.lean.layers[0].down_add is None
+    summands = []
+    real = fused_ops.add_rmsnorm
+    def spy(x, *a, **k):
+        summands.append(x is not None)
+        return real(x, *a, **k)
+    monkeypatch.setattr(fused_ops, "add_rmsnorm", spy)
+    steps = lockstep_logits([runner], seed=11)
+    assert summands and not any(summands), "add_rmsnorm was handed a GEMM output to add"
+    monkeypatch.setattr(fused_ops, "add_rmsnorm", real)
+    ref = lockstep_logits([plain], seed=11)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(steps, ref))   # fp32: the same bits as the add apart
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval()
+    assert drive_ragged_steps(make_runner(model_dir, threads=threads), hf, seed=5) < 1e-4
+
+
 @pytest.mark.parametrize("name,threads", [("llama3", 1), ("qwen3", 2), ("demo", 1)])
 def test_lean_stack_bf16_equals_the_hf_module_runner(name, threads, family_dirs, monkeypatch):
     """bf16 on CPU takes the lean stack by default (packed GEMMs; gate/up fused on two threads) and gives the

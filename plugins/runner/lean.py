@@ -51,6 +51,9 @@ class Layer:
     k_norm: torch.Tensor | None
     scale: float
     window: int | None
+    # fp32 with packed linears (see _epilogues): the residual adds inside the GEMMs as oneDNN post-ops
+    o_add: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None      # (a, h) -> h + o(a)
+    down_add: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None   # (a, h) -> h + down(a)
 
 
 def _linear(mod: Any) -> Linear | None:
@@ -105,7 +108,7 @@ class LeanStack:
         top = int(pos.max()) + 1
         if top > self.cos.shape[0]:
             self._rope_table(top)
-        h = F.embedding(ids, self.embed)                      # the residual stream, updated in place
+        h = F.embedding(ids, self.embed)   # the residual stream: updated in place, or replaced by a GEMM's h + out
         tokens = h.shape[0]
         x = torch.empty_like(h)
         eps, nq, nkv, d = self.eps, self.num_q, self.num_kv, self.head_dim
@@ -120,21 +123,29 @@ class LeanStack:
             q, k, v = qkv.view(1, tokens, nq + 2 * nkv, d).transpose(1, 2).split(heads, 1)
             o, _ = attention.paged_attention(L.attn, q, k, v, None, scaling=L.scale, sliding_window=L.window,
                                              modelcall_step=step)
-            fused_ops.add_rmsnorm(L.o(o.reshape(tokens, nq * d)), h, x, L.norm2, eps)
+            if L.o_add is not None:   # h + o(attn) stored by the GEMM itself: a new residual tensor
+                h = L.o_add(o.reshape(tokens, nq * d), h)
+                fused_ops.add_rmsnorm(None, h, x, L.norm2, eps)
+            else:
+                fused_ops.add_rmsnorm(L.o(o.reshape(tokens, nq * d)), h, x, L.norm2, eps)
+            nxt = self.final_norm if i == last else self.layers[i + 1].norm1
             if L.gate_up is not None:
-                y = L.gate_up(x)
-                gate, up = y.chunk(2, 1)
+                gate, up = L.gate_up(x).chunk(2, 1)
             else:
                 gate, up = L.gate(x), L.up(x)
             if act is None:
                 act = gate.new_empty(gate.shape)
             fused_ops.silu_mul(gate, up, act)
-            fused_ops.add_rmsnorm(L.down(act), h, x, self.final_norm if i == last else self.layers[i + 1].norm1, eps)
+            if L.down_add is not None:
+                h = L.down_add(act, h)
+                fused_ops.add_rmsnorm(None, h, x, nxt, eps)
+            else:
+                fused_ops.add_rmsnorm(L.down(act), h, x, nxt, eps)
         return x
 
 
 def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows: tuple[int, ...],
-          mode: Any = "auto") -> LeanStack | None:
+          mode: Any = "auto", epilogues: Any = "auto") -> LeanStack | None:
     """The lean stack for `model` when `mode` and the model allow it, else None (transformers' modules run)."""
     if mode in (False, "off", "false"):
         return None
@@ -166,11 +177,50 @@ def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows
         layers.append(Layer(attn, qkv, o, gate_up, gate, up, down, layer.input_layernorm.weight,
                             layer.post_attention_layernorm.weight, qn.weight if qn is not None else None,
                             kn.weight if kn is not None else None, float(attn.scaling), windows[i] or None))
+    if epilogues not in (False, "off", "false") and dtype == torch.float32:
+        _epilogues(base, layers)
     d = layers[0].attn.head_dim
     stack = LeanStack(base, layers, float(base.norm.variance_epsilon),
                       (int(hf_config.num_attention_heads), int(hf_config.num_key_value_heads), int(d)))
     log.info("lean decoder stack: %d %s layers (%s)", len(layers), hf_config.model_type, dtype)
     return stack
+
+
+def _packed(mod: Any) -> torch.Tensor | None:
+    """The packed fp32 weight of a bias-free PackedLinear, else None."""
+    if isinstance(mod, packing.PackedLinear) and mod.bias is None and mod.packed.dtype == torch.float32:
+        return mod.packed
+    return None
+
+
+def _epilogues(base: torch.nn.Module, layers: list[Layer]) -> None:
+    """Give fp32 layers with packed, bias-free o and down linears those GEMMs with the residual add as a oneDNN
+    binary post-op (h + o(a), h + down(a): the same bits as the add apart, checked on the first layer's weights
+    first; any failure or difference leaves the adds in fused_ops.add_rmsnorm).
+
+    NOTE: measured (benchmarks/runner_before_after.py --base worktree --base-runner-config
+    '{"lean_epilogues": false}', W1, fp32, Zen 3): see docs/runner.md. silu(gate) * up as gate's swish and up's
+    binary mul post-ops (one thread, gate and up apart) was tried and dropped: W1 on one thread 0.90x with it."""
+    mods = base.layers
+    o0 = _packed(mods[0].self_attn.o_proj)
+    if o0 is None:
+        return
+    gen = torch.Generator().manual_seed(0)
+    try:
+        a = torch.randn(5, mods[0].self_attn.o_proj.in_features, generator=gen)
+        h = torch.randn(5, mods[0].self_attn.o_proj.out_features, generator=gen)
+        if not torch.equal(packing.gemm_add(a, o0, h), packing.gemm(a, o0, None) + h):
+            log.info("lean stack: the GEMM post-op add differs from the add apart; kept apart")
+            return
+    except RuntimeError as e:   # a torch build without binary post-ops
+        log.info("lean stack: no GEMM post-ops (%s)", e)
+        return
+    for L, mod in zip(layers, mods):
+        o, down = _packed(mod.self_attn.o_proj), _packed(mod.mlp.down_proj)
+        if o is None or down is None:
+            return
+        L.o_add = lambda a, h, o=o: packing.gemm_add(a, o, h)
+        L.down_add = lambda a, h, down=down: packing.gemm_add(a, down, h)
 
 
 def _packed_fp32(base: torch.nn.Module) -> bool:

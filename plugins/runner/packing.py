@@ -27,6 +27,13 @@ def gemm(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> to
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+def gemm_add(x: torch.Tensor, packed: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """x @ W.T + other in one oneDNN call (a binary post-op: `other` is added to the accumulator as each output
+    tile is stored, while it is in registers, instead of in a pass of its own). In fp32 the same bits as
+    gemm(x, packed, None) + other (one rounding each way); the lean stack takes it for its residual adds."""
+    return torch.ops.mkldnn._linear_pointwise.binary(x, other, packed, None, "add")
+
+
 @functools.cache
 def can_pack(dtype: torch.dtype) -> bool:
     """Whether oneDNN here can pack `dtype` weights: its bf16 reorder needs AVX-512 (bw, vl, dq) or AVX-NE-CONVERT,
