@@ -218,7 +218,7 @@ def _epilogues(base: torch.nn.Module, layers: list[Layer]) -> None:
     for L, mod in zip(layers, mods):
         o, down = _packed(mod.self_attn.o_proj), _packed(mod.mlp.down_proj)
         if o is None or down is None:
-            return
+            continue
         L.o_add = lambda a, h, o=o: packing.gemm_add(a, o, h)
         L.down_add = lambda a, h, down=down: packing.gemm_add(a, down, h)
 
