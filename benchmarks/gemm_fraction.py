@@ -7,12 +7,13 @@
         [--kv-cache-dtype fp8]  (the cache's element type: fp8 halves the K/V bytes attention reads)
 
 W1 runs through the kernel (32 requests, 128 new tokens, greedy, pinned threads). In every decode step with all
-32 requests in the batch, each packed GEMM (packing.gemm: q/k/v, o, gate/up, down, lm_head; in fp32 also the o and down GEMMs whose
-post-op does the residual add: packing.gemm_add, so that add counts as GEMM time there; --runner-config '{"lean_epilogues": false}' times them apart) and each attention
-call is timed, wall and CPU time of the compute thread, beside the whole step (runner.execute). Printed: the
-GEMM and attention fractions of the step, medians over the steps. With one thread the CPU-time fraction is the
-one to read (a neighbour taking the core stretches wall time, not CPU time); with two, the OpenMP worker's CPU
-time is not the calling thread's, so wall fractions are printed.
+32 requests in the batch, each packed GEMM (packing.gemm: q/k/v, o, gate/up, down, lm_head; in fp32 also
+packing.gemm_add, the o and down GEMMs whose post-op does the residual add, so that add counts as GEMM time there;
+--runner-config '{"lean_epilogues": false}' times the adds apart) and each attention call is timed, wall and
+CPU time of the compute thread, beside the whole step (runner.execute). Printed: the GEMM and attention fractions
+of the step, medians over the steps. With one thread the CPU-time fraction is the one to read (a neighbour taking
+the core stretches wall time, not CPU time); with two, the OpenMP worker's CPU time is not the calling thread's,
+so wall fractions are printed.
 
 The ceiling is printed beside it: each timed step's K/V bytes (every request's context x layers x K and V x KV
 heads x head size x the cache's element size) over the sequential read rate of this machine, measured in the same
@@ -89,8 +90,7 @@ class StepProbe:
 
         self.inner, self.batch, self.skip, self.left = runner.execute, batch, skip, profile_steps
         self.gemm = packing.gemm = Clock(packing.gemm)
-        for name in ("gemm_add",):   # the lean stack's GEMMs with the residual add as a post-op (fp32)
-            setattr(packing, name, self.gemm.wrap(getattr(packing, name)))
+        packing.gemm_add = self.gemm.wrap(packing.gemm_add)   # fp32 o/down GEMMs with the residual add
         self.attn = cpu_kernel.paged_attention = Clock(cpu_kernel.paged_attention)
         self.chunk = attention._chunk_attention = Clock(attention._chunk_attention)
         self.build = runner_mod.build_step = Clock(runner_mod.build_step)   # the step's tensors from the plan

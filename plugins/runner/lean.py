@@ -10,6 +10,8 @@ that was ~6 ms of a 32.5 ms step. Here one layer is
 
 with the packed GEMMs of packing.py, the fused ops of fused_ops.py, the cos/sin table built once (rows picked
 per token inside `rope`), and attention through attention.paged_attention exactly as the HF modules call it.
+In fp32 with packed linears the o and down GEMMs make the residual add themselves (a oneDNN post-op:
+`_epilogues`), and add_rmsnorm then only normalizes.
 
 Taken for the families in FAMILIES whose modules have the shapes read below (else transformers' modules run,
 as for every other family). `runner.lean` in the plugin config: "auto" (default: bf16 on CPU, and fp32 when the
