@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,20 @@ def os_threads() -> set[int]:
     NOTE: compared as sets of ids, not counts: another test's idle thread may exit meanwhile, and its team with it."""
     python = {t.native_id for t in threading.enumerate()}
     return {int(tid) for tid in os.listdir("/proc/self/task")} - python
+
+
+def settled_threads(baseline: set[int], wait: float = 2.0) -> set[int]:
+    """os_threads(), read again for up to `wait` seconds while it holds threads `baseline` lacks.
+
+    NOTE: a Python thread leaves threading.enumerate() a moment before its OS thread ends, so one that a library
+    started and finished during the call can still be listed once (a flake, 1 in ~15 runs here); an OpenMP worker
+    stays until its team is freed, so a real leftover still shows after the wait."""
+    deadline = time.monotonic() + wait
+    while True:
+        now = os_threads()
+        if not (now - baseline) or time.monotonic() > deadline:
+            return now
+        time.sleep(0.05)
 
 
 def in_fresh_thread(fn: Callable[[], Any]) -> Any:
@@ -54,7 +69,7 @@ def test_release_frees_the_calling_threads_team(two_torch_threads):
         x.sum(dim=1)                       # a parallel region: this thread now leads a team of two
         with_team = os_threads()
         released = omp_team.release_thread_team()
-        return alone, with_team, os_threads(), released
+        return alone, with_team, settled_threads(alone), released
 
     alone, with_team, after, released = in_fresh_thread(lead_a_team_then_release)
     assert released
@@ -68,7 +83,7 @@ def test_a_two_thread_runner_leaves_no_team_in_its_loading_thread(demo_model_dir
         runner = TorchModelRunner(KernelConfig(model=demo_model_dir, dtype="bfloat16", threads=2), demo_model_dir,
                                   TorchSampler())
         runner.allocate_kv_cache(64, 16)   # a parallel fill of the cache, after the constructor's release
-        return before, os_threads()
+        return before, settled_threads(before)
 
     before, after = in_fresh_thread(load)
     assert not (after - before)            # the loading thread's OpenMP worker is gone: the step thread's is the only one
