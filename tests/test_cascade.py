@@ -164,9 +164,12 @@ def test_kernel_log_sum_exp_is_the_scores_log_sum_exp():
         assert (lse[t] - want).abs().max().item() < 1e-4
 
 
-def test_greedy_text_with_a_shared_cached_prefix_equals_transformers(demo_model_dir, monkeypatch):
+@pytest.mark.parametrize("runner_config", [{}, {"lean": True}], ids=["modules", "lean"])
+def test_greedy_text_with_a_shared_cached_prefix_equals_transformers(runner_config, demo_model_dir, monkeypatch):
     """Eight requests on one cached 48-token prefix (thresholds lowered to the demo model's size), decoding
-    together through the Kernel: the cascade path runs, and each request's greedy tokens equal `generate`'s."""
+    together through the Kernel: the cascade path runs, and each request's greedy tokens equal `generate`'s;
+    through transformers' modules and through the lean stack (whose one-call decode steps leave such steps to
+    attention.paged_attention: plain_decode.py)."""
     from transformers import AutoModelForCausalLM
 
     from modelcall.core import Kernel
@@ -180,7 +183,9 @@ def test_greedy_text_with_a_shared_cached_prefix_equals_transformers(demo_model_
     prompts = [prefix + [rng.randrange(10, 500) for _ in range(rng.randrange(1, 20))] for _ in range(8)]
 
     async def run() -> list[list[int]]:
-        async with Kernel(model=demo_model_dir, dtype="float32", threads=1, block_size=16, num_kv_blocks=256) as k:
+        async with Kernel(model=demo_model_dir, dtype="float32", threads=1, block_size=16, num_kv_blocks=256,
+                          plugin_config={"runner": runner_config}) as k:
+            assert (k.runner.lean is not None) == bool(runner_config)
             await k.complete(prompt_token_ids=prefix + [7], max_tokens=1, temperature=0)   # caches the prefix
             out: list[list[int]] = [[] for _ in prompts]
 

@@ -4,7 +4,8 @@ kernel for bf16 queries over a bf16 (or fp8) cache that walks the keys by blocks
 V, with the next block prefetched into L2. Queries
 are read in place from the packed QKV rows and the output is written in the model's dtype; with more threads than
 rows to keep them busy, a row's keys can be split across threads and merged by log-sum-exp (cpu_kernel.MIN_SPLIT;
-off by default: it did not pay on this shared machine)."""
+off by default: it did not pay on this shared machine). `decode_layer_attention` is one layer of a plain decode step
+in one call (rope, K/V write, attention), for the lean stack's plain_decode.py."""
 
 SOURCE = r"""
 /* n values (fp32 or bf16) into a cache row of type dst_kvt (KV_*): a copy, a widening (exact) or a rounding */
@@ -275,5 +276,43 @@ void paged_attention(const void *q, int q_bf16, int64_t q_ts, void *out, int out
         free(ids);
     }
     free(po);
+}
+
+/* fused_ops.py's rope (the lean stack hands its address in: the two libraries are built apart) */
+typedef void (*rope_fn_t)(void *, int64_t, int64_t, int64_t, int64_t, int64_t, const int64_t *, const void *,
+                          const void *, const void *, const void *, float, int, int);
+
+/* A plain decode step as decode_layer_attention reads it: filled once per step (plain_decode.StepArgs) */
+typedef struct {
+    rope_fn_t rope;
+    const int64_t *pos;            /* [n] each token's position: its cos/sin row */
+    const void *cos, *sin;         /* [positions][d] in the activations' dtype */
+    const int64_t *slot_mapping;   /* [n] the cache slot of each token's new K/V */
+    const int64_t *tok_seq, *tok_pos, *slots;   /* paged_attention's */
+    int64_t n, row_stride, nq, nkv, d, max_ctx, min_split;
+    float eps;
+    int bf16, kvt, nthreads;
+} decode_step_t;
+
+/* One layer's part of it (plain_decode.LayerArgs) */
+typedef struct {
+    void *kc, *vc;
+    const void *q_norm, *k_norm;   /* Qwen3's per-head norms, else NULL */
+    float scale;
+} decode_layer_t;
+
+/* One layer of a plain decode step between its QKV GEMM and its O GEMM, in one call: rope on the packed QKV rows
+ * (in place), their K/V into the cache, then paged attention into `out` ([n][nq][d], the activations' dtype): the
+ * same calls, in the same order, as attention.paged_attention makes for such a step, so the same bits. Why: every
+ * call from Python between two GEMMs pays for an interpreter evicted by the weight stream (plain_decode.py). */
+void decode_layer_attention(const decode_step_t *s, const decode_layer_t *l, void *qkv, void *out) {
+    s->rope(qkv, s->n, s->row_stride, s->nq, s->nkv, s->d, s->pos, s->cos, s->sin, l->q_norm, l->k_norm, s->eps,
+            s->bf16, s->nthreads);
+    const int64_t es = s->bf16 ? 2 : 4;
+    const char *k = (const char *)qkv + s->nq * s->d * es, *v = k + s->nkv * s->d * es;
+    write_kv(k, v, s->row_stride, s->bf16, l->kc, l->vc, s->kvt, s->slot_mapping, s->n, s->nkv * s->d);
+    paged_attention(qkv, s->bf16, s->row_stride, out, s->bf16, l->kc, l->vc, s->kvt, s->tok_seq, s->tok_pos,
+                    s->slots, s->max_ctx, s->n, s->nq, s->nkv, s->d, l->scale, 0, 0.f, NULL, NULL, s->nthreads,
+                    s->min_split);
 }
 """

@@ -67,6 +67,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     if hasattr(lib, "block_pairs"):      # AVX-512: which GEMMs bf16 inputs take (ckernel_block.pairs_pay)
         lib.block_pairs.argtypes = []
         lib.block_pairs.restype = i32
+    lib.decode_layer_attention.argtypes = [p, p, p, p]
+    lib.decode_layer_attention.restype = None
     lib.bind_threads.argtypes = [p, i32]
     lib.bind_threads.restype = i32
 

@@ -11,7 +11,8 @@ that was ~6 ms of a 32.5 ms step. Here one layer is
 with the packed GEMMs of packing.py, the fused ops of fused_ops.py, the cos/sin table built once (rows picked
 per token inside `rope`), and attention through attention.paged_attention exactly as the HF modules call it.
 In fp32 with packed linears the o and down GEMMs make the residual add themselves (a oneDNN post-op:
-`_epilogues`), and add_rmsnorm then only normalizes.
+`_epilogues`), and add_rmsnorm then only normalizes. In a step of decodes and short chunks (no fresh prompt), rope,
+the K/V write and attention are one C call per layer (plain_decode.py).
 
 Taken for the families in FAMILIES whose modules have the shapes read below (else transformers' modules run,
 as for every other family). `runner.lean` in the plugin config: "auto" (default: bf16 on CPU, and fp32 when the
@@ -26,7 +27,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from modelcall.plugins.runner import attention, fused_ops, packing
+from modelcall.plugins.runner import attention, cpu_kernel, fused_ops, packing, plain_decode
 from modelcall.plugins.runner.batch import StepBatch
 
 log = logging.getLogger("modelcall.runner")
@@ -95,6 +96,7 @@ class LeanStack:
         self.eps = eps
         self.num_q, self.num_kv, self.head_dim = heads
         self.cos = self.sin = self.embed.new_empty(0, self.head_dim)
+        self.plain: plain_decode.DecodeAttention | None = None   # set by build() (plain_decode.py)
 
     def _rope_table(self, positions: int) -> None:
         """cos/sin rows for positions 0..n-1 (n a power of two >= `positions`), as the HF rotary module
@@ -117,14 +119,18 @@ class LeanStack:
         fused_ops.add_rmsnorm(None, h, x, self.layers[0].norm1, eps)
         last = len(self.layers) - 1
         heads = (nq, nkv, nkv)
+        plain = self.plain if self.plain is not None and self.plain.prepare(step, pos, tokens, h.dtype) else None
         act: torch.Tensor | None = None   # silu(gate) * up, one buffer for every layer (down reads it before the next)
         for i, L in enumerate(self.layers):
             qkv = L.qkv(x)
-            fused_ops.rope(qkv, pos, self.cos, self.sin, nq, nkv, d, L.q_norm, L.k_norm, eps)
-            # [1, H, T, D] views of the packed rows, as the HF modules pass them: one view, then split by heads
-            q, k, v = qkv.view(1, tokens, nq + 2 * nkv, d).transpose(1, 2).split(heads, 1)
-            o, _ = attention.paged_attention(L.attn, q, k, v, None, scaling=L.scale, sliding_window=L.window,
-                                             modelcall_step=step)
+            if plain is not None:   # rope, K/V write and attention in one C call
+                o = plain.attend(i, qkv)
+            else:
+                fused_ops.rope(qkv, pos, self.cos, self.sin, nq, nkv, d, L.q_norm, L.k_norm, eps)
+                # [1, H, T, D] views of the packed rows, as the HF modules pass them: one view, then split by heads
+                q, k, v = qkv.view(1, tokens, nq + 2 * nkv, d).transpose(1, 2).split(heads, 1)
+                o, _ = attention.paged_attention(L.attn, q, k, v, None, scaling=L.scale, sliding_window=L.window,
+                                                 modelcall_step=step)
             if L.o_add is not None:   # h + o(attn) stored by the GEMM itself: a new residual tensor
                 h = L.o_add(o.reshape(tokens, nq * d), h)
                 fused_ops.add_rmsnorm(None, h, x, L.norm2, eps)
@@ -147,7 +153,7 @@ class LeanStack:
 
 
 def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows: tuple[int, ...],
-          mode: Any = "auto", epilogues: Any = "auto") -> LeanStack | None:
+          mode: Any = "auto", epilogues: Any = "auto", plain: Any = "auto") -> LeanStack | None:
     """The lean stack for `model` when `mode` and the model allow it, else None (transformers' modules run)."""
     if mode in (False, "off", "false"):
         return None
@@ -184,7 +190,10 @@ def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows
     d = layers[0].attn.head_dim
     stack = LeanStack(base, layers, float(base.norm.variance_epsilon),
                       (int(hf_config.num_attention_heads), int(hf_config.num_key_value_heads), int(d)))
-    log.info("lean decoder stack: %d %s layers (%s)", len(layers), hf_config.model_type, dtype)
+    if plain not in (False, "off", "false") and all(L.window is None for L in layers) and cpu_kernel.load() is not None:
+        stack.plain = plain_decode.DecodeAttention(stack)
+    log.info("lean decoder stack: %d %s layers (%s; plain decode steps in one call per layer: %s)", len(layers),
+             hf_config.model_type, dtype, stack.plain is not None)
     return stack
 
 

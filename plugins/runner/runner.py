@@ -87,7 +87,7 @@ class TorchModelRunner:
         self.lean: lean.LeanStack | None = None
         if self.attention_backend is None and not self.graph_mode:
             self.lean = lean.build(model, self.base, hf_config, self.spec.layer_windows, runner_cfg.get("lean", "auto"),
-                                   runner_cfg.get("lean_epilogues", "auto"))
+                                   runner_cfg.get("lean_epilogues", "auto"), runner_cfg.get("lean_plain_decode", "auto"))
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_size = 0
         self.decode_state = DecodeState()   # consecutive decode steps of the same requests: updated, not rebuilt
