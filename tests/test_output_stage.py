@@ -197,12 +197,26 @@ async def test_a_filtered_request_with_logprobs_leaks_nothing_anywhere(make_kern
 
 
 @pytest.mark.anyio
-async def test_without_filters_a_request_has_no_filter_stage(make_kernel):
-    async with make_kernel() as kernel:
+@pytest.mark.parametrize("blocklist", [None, ["launch code"]], ids=["no filters", "a blocklist"])
+async def test_without_filters_a_request_has_no_filter_stage(make_kernel, monkeypatch, blocklist):
+    """The output state the kernel opens for a plain prompt: no filter stage unless a filter is configured
+    (the blocklist case shows the capture sees the stage when there is one)."""
+    cfg = {"safety": {"blocklist": blocklist}} if blocklist else {}
+    async with make_kernel(plugin_config=cfg) as kernel:
+        opened: list[OutputState] = []
+        stage_open = kernel.output_stage.open
+
+        def capture(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            opened.append(stage_open(*args, **kwargs))
+            return opened[-1]
+
+        monkeypatch.setattr(kernel.output_stage, "open", capture)
         h = await kernel.submit("hi", max_tokens=2)
-        rec = kernel.engine.records.get(h.request_id) or next(iter(kernel.engine._inbox), None)
-        assert rec is None or (rec.output.filters is None and rec.output.reasoning is None)
         await h.result()
+        [state] = opened
+        assert state.reasoning is None  # a plain prompt is never split into reasoning
+        assert (state.filters is not None) == bool(blocklist)
+        assert state.plain == (not blocklist)
 
 
 
