@@ -71,7 +71,7 @@ class Entered(msgspec.Struct, kw_only=True):
     retries: int
     parts: dict[str, int] | None = None
     context: dict[str, Any] | None = None
-    prepared: Any = None  # the tool-call parser stream and constraint processors (core/tooling.py)
+    prepared: Any = None  # the tool-call parser stream and constraint processors (core/tools/support.py)
 
 
 class Entry:

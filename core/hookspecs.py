@@ -183,7 +183,7 @@ def register_tools(register: Any) -> None:
 def register_server_tools(register: Any, config: Any, kernel: Any) -> None:
     """Call `register(tool, server_label="local")` for each tool the server hosts itself (run inside
     one request by the Responses API's tool loop, see docs/server-tools.md). `tool` is a typed
-    function or a `modelcall.core.typed_tools.Tool` (its `changes_world` and `timeout_s` apply);
+    function or a `modelcall.core.tools.Tool` (its `changes_world` and `timeout_s` apply);
     the model sees it as `<server_label>__<name>`, a request enables it with
     `{"type": "mcp", "server_label": ...}` or `{"type": "server_tool", "name": ...}`."""
 

@@ -77,7 +77,7 @@ from http_server import ServerThread  # noqa: E402
 from keys_util import write_keys  # noqa: E402
 
 from modelcall.core import hookimpl  # noqa: E402
-from modelcall.core.typed_tools import tool  # noqa: E402
+from modelcall.core.tools import tool  # noqa: E402
 from modelcall.events import RequestAdmitted, ToolExecuted, ToolFailed  # noqa: E402
 from modelcall.plugins.http.settings import ServerSettings  # noqa: E402
 from modelcall.testing.collector import EventCollector  # noqa: E402

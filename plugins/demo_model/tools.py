@@ -5,7 +5,7 @@
         "What is 37 * 91?"
 
 The trained demo model was taught to call them (plugins/demo_model/corpus.py), and the server can host
-them (`register_server_tools` in plugin.py). They are `modelcall.core.typed_tools.Tool`s: the JSON
+them (`register_server_tools` in plugin.py). They are `modelcall.core.tools.Tool`s: the JSON
 Schema comes from the type hints, the description from the docstring.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import operator
 from fractions import Fraction
 from typing import Any
 
-from modelcall.core.typed_tools import Tool
+from modelcall.core.tools import Tool
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}

@@ -17,7 +17,7 @@ import msgspec
 from aiohttp import web
 
 from modelcall.core.metering import EXCHANGE_KEY, Caller
-from modelcall.core.server_tools import ServerToolbox, toolbox_of
+from modelcall.core.tools import ServerToolbox, toolbox_of
 from modelcall.events import ResponseSent, Usage
 from modelcall.plugins.http import sse
 from modelcall.plugins.http.errors import ApiError

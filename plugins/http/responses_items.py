@@ -10,7 +10,7 @@ import json
 import uuid
 from typing import Any
 
-from modelcall.core.server_tools import qualified_name
+from modelcall.core.tools import qualified_name
 from modelcall.plugins.http.errors import ApiError
 
 TEXT_PARTS = {"input_text", "output_text", "text", "summary_text", "reasoning_text"}

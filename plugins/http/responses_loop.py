@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from modelcall.core.server_tools import ServerToolbox, ToolOutcome
+from modelcall.core.tools import ServerToolbox, ToolOutcome
 from modelcall.events import Finished, RequestFailed, ResponseSent, TokensEmitted, ToolRequested, Usage
 from modelcall.plugins.http.responses_output import OutputBuilder
 from modelcall.plugins.http.responses_plan import Plan

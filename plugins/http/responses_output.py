@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from modelcall.core.server_tools import ServerToolInfo, ToolOutcome
+from modelcall.core.tools import ServerToolInfo, ToolOutcome
 from modelcall.events import ToolCallDelta
 from modelcall.plugins.http.responses_items import new_id
 

@@ -10,7 +10,7 @@ import msgspec
 
 from modelcall.core.errors import PermissionDenied
 from modelcall.core.metering import Caller
-from modelcall.core.server_tools import ServerToolbox, ServerToolInfo
+from modelcall.core.tools import ServerToolbox, ServerToolInfo
 from modelcall.plugins.http.errors import ApiError
 from modelcall.plugins.http.openai_common import sampling_fields
 from modelcall.plugins.http.responses_items import new_id, normalize_input, to_messages

@@ -14,8 +14,8 @@ import logging
 from typing import Any
 
 from modelcall.core import hookimpl
-from modelcall.core.server_tools import TOOLBOX_KEY, ServerToolInfo
-from modelcall.core.typed_tools import Tool
+from modelcall.core.tools import TOOLBOX_KEY, ServerToolInfo
+from modelcall.core.tools import Tool
 
 log = logging.getLogger("modelcall.server_tools")
 CONNECTIONS = "server_tools.connections"  # this plugin's own state: the open MCP connections

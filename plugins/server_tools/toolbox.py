@@ -1,4 +1,4 @@
-"""The hosted tools of one kernel (`modelcall.core.server_tools.ServerToolbox`): Python tools from
+"""The hosted tools of one kernel (`modelcall.core.tools.ServerToolbox`): Python tools from
 plugins and the tools of the configured MCP servers, and the one way any of them is executed:
 validate the arguments, authorize the caller, claim (tools that change the world), run under a
 timeout, settle, and record ToolExecuted / ToolFailed with the duration measured around the tool."""
@@ -13,8 +13,8 @@ from typing import Any
 import anyio
 import jsonschema
 
-from modelcall.core.server_tools import ServerToolInfo, ToolOutcome
-from modelcall.core.typed_tools import Tool
+from modelcall.core.tools import ServerToolInfo, ToolOutcome
+from modelcall.core.tools import Tool
 from modelcall.events import ToolExecuted, ToolFailed
 from modelcall.plugins.server_tools.claims import Claims
 
