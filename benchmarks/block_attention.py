@@ -1,4 +1,4 @@
-"""block_attention (plugins/runner/ckernel_block.py) alone, this tree's source against the one at `--base`, and torch's
+"""block_attention (plugins/runner/csrc/attention_block.c) alone, this tree's source against the one at `--base`, and torch's
 flash attention (SDPA) on the same inputs, calls alternating in one process (A B C A B C ...), one thread by default.
 
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE taskset -c 1 .venv/bin/python benchmarks/block_attention.py
@@ -9,7 +9,7 @@ Cases (W3's prefill shape by default: one 1,920-token causal chunk): `bf16-64` 8
 cache; `bf16-128` 8 x 128; `bf16-gqa` 16 query heads over 4 KV heads x 64; `fp32-64` fp32 queries and cache;
 `bf16-cascade` / `bf16-cascadegqa` a shared prefix (32 rows x 8 heads / 8 rows x 8 over 2 KV heads, every row over all
 `--len` keys, no mask, as cascade.py calls it). The cache holds the keys in 16-slot blocks scattered over a pool 4x
-their size ([slots, Hkv, D], as the runner's). Variants: `base` (--base's ckernel_block), `base-nopairs` (the same
+their size ([slots, Hkv, D], as the runner's). Variants: `base` (--base's attention_block.c), `base-nopairs` (the same
 with its bf16 pairs turned off: its fp32 path on widened bf16, where the base has the `pairs` line), `auto` (this
 tree's, the pairs or the fp32 GEMMs as measured at first call), `pairs` / `fp32` (this tree's, MODELCALL_BLOCK_PAIRS=1
 / 0). Each variant is its own library (the source tagged with its name), so each makes its own choice once.
@@ -24,6 +24,7 @@ import argparse
 import os
 import statistics
 import subprocess
+import tempfile
 import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -31,32 +32,34 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from modelcall.core import native  # noqa: E402
-from modelcall.plugins.runner import (  # noqa: E402
-    ckernel_avx2, ckernel_block, ckernel_block_avx2, ckernel_common, ckernel_decode, ckernel_rows, cpu_kernel,
-)
+from modelcall.plugins.runner import cpu_kernel  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = {"64": (8, 8, 64), "128": (8, 8, 128), "gqa": (16, 4, 64), "cascade": (8, 8, 64), "cascadegqa": (8, 2, 64)}
 
 
+BLOCK = os.path.join(cpu_kernel.CSRC, "attention_block.c")
+
+
 def block_source(rev: str) -> str:
-    text = subprocess.run(["git", "show", f"{rev}:plugins/runner/ckernel_block.py"], cwd=ROOT, check=True,
+    """attention_block.c as of `rev` (a rev from before the C moved into plugins/runner/csrc/ has none: git says so)"""
+    return subprocess.run(["git", "show", f"{rev}:plugins/runner/csrc/attention_block.c"], cwd=ROOT, check=True,
                           capture_output=True, text=True).stdout
-    ns: dict = {}
-    exec(compile(text, f"{rev}:ckernel_block.py", "exec"), ns)
-    return ns["SOURCE"]
 
 
 def build(name: str, base: str):
     """(library, MODELCALL_BLOCK_PAIRS for its first call or None)"""
-    blk = block_source(base) if name.startswith("base") else ckernel_block.SOURCE
+    blk = block_source(base) if name.startswith("base") else open(BLOCK).read()
     if name == "base-nopairs":
         line = "const int pairs = qb && bf16 && d % 2 == 0;"
         assert line in blk, "the base has no such pairs line"
         blk = blk.replace(line, "const int pairs = 0;")
-    src = "\n".join([ckernel_common.SOURCE, ckernel_rows.SOURCE, ckernel_avx2.SOURCE, blk, ckernel_block_avx2.SOURCE,
-                     ckernel_decode.SOURCE, f"/* benchmarks/block_attention.py: {name} */"])
-    lib = native.compile_library("bench_block_" + name.replace("-", "_"), src)
+    variant = os.path.join(tempfile.mkdtemp(prefix="block_attention_"), "attention_block.c")
+    with open(variant, "w") as f:
+        f.write(blk + f"\n/* benchmarks/block_attention.py: {name} */\n")
+    sources = [variant if path == BLOCK else path for path in cpu_kernel.SOURCES]
+    lib = native.compile_library("bench_block_" + name.replace("-", "_"), sources=sources,
+                                 include_dirs=(cpu_kernel.CSRC,))
     cpu_kernel._declare(lib)
     env = {"pairs": "1", "fp32": "0"}.get(name)
     if env is not None:   # the choice is made once, at the library's first bf16 call

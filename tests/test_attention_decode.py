@@ -1,4 +1,4 @@
-"""The decode attention path of the C kernel (plugins/runner/ckernel_decode.py) as the lean stack calls it:
+"""The decode attention path of the C kernel (plugins/runner/csrc/attention_decode.c) as the lean stack calls it:
 q/k/v are [1, H, T, D] views of one packed QKV buffer, the step's K/V go into the cache inside the kernel
 (`write_kv`), q is read in place and the output comes back in the model's dtype. Checked against attention in
 fp64 over what the cache holds, with one and two OpenMP threads (two threads split a few long rows' keys and

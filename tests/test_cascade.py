@@ -135,7 +135,7 @@ def test_block_attention_with_causal_limits_equals_masked_softmax(m, hq, hkv, d,
 
 
 def test_block_attentions_other_bf16_path_equals_masked_softmax_too():
-    """block_attention picks bf16 pairs or widened fp32 GEMMs once per process (measured: ckernel_block.pairs_pay),
+    """block_attention picks bf16 pairs or widened fp32 GEMMs once per process (measured: attention_block.c's pairs_pay),
     so a suite run on one CPU exercises one of them. The same cases run again in a process forced onto the path
     this one did not pick (MODELCALL_BLOCK_PAIRS), and pass there too."""
     import os

@@ -1,8 +1,8 @@
-"""The attention kernel's AVX2 paths (ckernel_avx2, ckernel_decode_avx2: CPUs without AVX-512) on any x86 machine:
-the same source built with -mno-avx512f, so a CI machine with AVX-512 checks them too (on an AVX2-only CPU it is the
-kernel the runner loads). Decode rows with fp32 and bf16 queries over bf16 and fp8 caches, by the blocked row kernel
-(decode_row8), against fp64 attention over the values the cache holds; a head size that is not a multiple of 16
-takes attend_vec8."""
+"""The attention kernel's AVX2 paths (csrc/attention_rows_avx2.c, attention_decode_avx2.c: CPUs without AVX-512) on any
+x86 machine: the same sources built with -mno-avx512f, so a CI machine with AVX-512 checks them too (on an AVX2-only
+CPU it is the kernel the runner loads). Decode rows with fp32 and bf16 queries over bf16 and fp8 caches, by the
+blocked row kernel (decode_row8), against fp64 attention over the values the cache holds; a head size that is not a
+multiple of 16 takes attend_vec8."""
 from __future__ import annotations
 
 import platform
@@ -10,7 +10,6 @@ import platform
 import pytest
 import torch
 
-from modelcall.core import native
 from modelcall.plugins.runner import cpu_kernel
 from test_attention_decode import decode_case, fp64_reference
 
@@ -20,8 +19,7 @@ pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or
 
 @pytest.fixture(scope="module")
 def avx2_kernel():
-    lib = native.compile_library("paged_attention_avx2", cpu_kernel.SOURCE, native.FLAGS + ("-mno-avx512f",))
-    cpu_kernel._declare(lib)
+    lib = cpu_kernel._LIB.compile(("-mno-avx512f",), name="paged_attention_avx2")
     assert not hasattr(lib, "block_pairs")   # the AVX-512 block kernels are not in it: this is the AVX2 build
     return lib
 

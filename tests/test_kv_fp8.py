@@ -1,4 +1,4 @@
-"""The fp8 KV cache on CPU (kv_cache_dtype fp8 / fp8_e4m3 / fp8_e5m2: plugins/runner/ckernel_fp8.py): the C kernel
+"""The fp8 KV cache on CPU (kv_cache_dtype fp8 / fp8_e4m3 / fp8_e5m2: plugins/runner/csrc/attention_fp8.c): the C kernel
 writes the codes torch's float8 types hold (rounded to nearest even, saturated), its decode attention over them
 matches fp64 attention over what the cache holds, the portable row path (every variant) matches torch's, and a
 kernel with an fp8 cache holds twice the blocks in the same memory and decodes close to the bf16 one."""

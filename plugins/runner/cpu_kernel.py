@@ -4,7 +4,7 @@ Why: the portable path gathers every request's context out of the block pool int
 before attention (read + write + read again of every cached byte, per layer, per step). At W1's
 decode shapes that copy costs more than the attention itself; this kernel reads each K/V row once,
 straight from its slot. It is plain C (no torch headers: builds in about a second), parallel over
-tokens with OpenMP, fp32, bf16 or fp8 (E4M3, E5M2: ckernel_fp8) K/V, fp32 math. Without a C compiler the runner keeps
+tokens with OpenMP, fp32, bf16 or fp8 (E4M3, E5M2: attention_fp8.c) K/V, fp32 math. Without a C compiler the runner keeps
 the portable path. The layer's variant rides along: a sliding window (keys pos-W+1..pos only),
 logit soft-capping (s = cap * tanh(s / cap)) and per-head sink logits that join the softmax.
 
@@ -20,11 +20,12 @@ time as two register-tiled GEMMs, on bf16 pairs where those pay, else widened to
 (widened; one thread, bf16).
 Either path can return each head's log-sum-exp, so two parts of one softmax can be merged.
 
-The C source is in modules with one idea each: ckernel_common (helpers), ckernel_rows (the fp32 and variant row
-kernels), ckernel_avx2 (the row kernels for AVX2 without AVX-512), ckernel_block (block_attention) and
-ckernel_decode (the entry: cache writes, the bf16 decode row kernel,
-rows split across threads). The decode call reads q in place from the packed QKV rows and writes the output in the
-model's dtype, so attention.py makes no copies around it.
+The C source is in plugins/runner/csrc/, one file per kernel family, the helpers they share in kernel_common.h:
+attention_rows.c (the fp32 and variant row kernels), attention_rows_avx2.c (the row kernels for AVX2 without AVX-512),
+attention_fp8.c (the fp8 cache's row kernel), attention_decode.c (the entry: cache writes, the bf16 decode row kernel,
+rows split across threads), attention_decode_avx2.c, attention_block.c (block_attention) and attention_block_avx2.c.
+The decode call reads q in place from the packed QKV rows and writes the output in the model's dtype, so attention.py
+makes no copies around it.
 
 NOTE (measured here, one core): the pool's 16-token blocks (16 KB of K per block at W1's 8 x 64 heads) sit anywhere,
 and one core reads 16 KB blocks in random order at ~9.5 GB/s against ~22 GB/s in order (32 KB blocks ~12.4, 64 KB
@@ -34,19 +35,18 @@ and one core reads 16 KB blocks in random order at ~9.5 GB/s against ~22 GB/s in
 from __future__ import annotations
 
 import ctypes
+import os
 
 import torch
 
 from modelcall.core import native
-from modelcall.plugins.runner import (
-    ckernel_avx2, ckernel_block, ckernel_block_avx2, ckernel_common, ckernel_decode, ckernel_decode_avx2, ckernel_fp8,
-    ckernel_rows,
-)
 
-
-# One library, one idea per source module (each module's docstring says which)
-SOURCE = "\n".join([ckernel_common.SOURCE, ckernel_fp8.SOURCE, ckernel_rows.SOURCE, ckernel_avx2.SOURCE,
-                    ckernel_decode_avx2.SOURCE, ckernel_block.SOURCE, ckernel_block_avx2.SOURCE, ckernel_decode.SOURCE])
+CSRC = os.path.join(os.path.dirname(__file__), "csrc")
+# One library, one file per kernel family (each file's head comment says which)
+SOURCES = tuple(os.path.join(CSRC, f"attention_{family}.c")
+                for family in ("rows", "rows_avx2", "fp8", "decode", "decode_avx2", "block", "block_avx2"))
+# The same files as one translation unit, for a C program that includes the kernel (benchmarks/decode_kernel.sh)
+SOURCE = "".join(f'#include "{path}"\n' for path in SOURCES)
 
 # Keys per part when a row's keys are split across threads (few rows, more threads); 0: never split, whole rows go
 # to threads. NOTE: off by default: on this shared 2-core machine (load 4-6) splitting 1 x 4,096 and 4 x 4,096
@@ -64,7 +64,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     if hasattr(lib, "block_attention"):   # AVX-512 or AVX2 + FMA machines
         lib.block_attention.argtypes = [p, p, p, i32, p, p, p, i32, p, i64, p, i64, i64, i64, i64, f32, i32]
         lib.block_attention.restype = None
-    if hasattr(lib, "block_pairs"):      # AVX-512: which GEMMs bf16 inputs take (ckernel_block.pairs_pay)
+    if hasattr(lib, "block_pairs"):      # AVX-512: which GEMMs bf16 inputs take (attention_block.c's pairs_pay)
         lib.block_pairs.argtypes = []
         lib.block_pairs.restype = i32
     lib.decode_layer_attention.argtypes = [p, p, p, p]
@@ -73,7 +73,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.bind_threads.restype = i32
 
 
-_LIB = native.OnceLibrary("paged_attention", SOURCE, _declare, "using the portable path")
+_LIB = native.OnceLibrary("paged_attention", declare=_declare, fallback="using the portable path",
+                          sources=SOURCES, include_dirs=(CSRC,))
 
 
 def load() -> ctypes.CDLL | None:
@@ -81,7 +82,7 @@ def load() -> ctypes.CDLL | None:
     return _LIB.get()
 
 
-# The cache's element type as the kernel numbers it (ckernel_fp8's KV_*)
+# The cache's element type as the kernel numbers it (kernel_common.h's KV_*)
 KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}
 
 
@@ -148,7 +149,7 @@ def write_kv(k_new: torch.Tensor, v_new: torch.Tensor, kc: torch.Tensor, vc: tor
 
 
 def has_block_attention(kc: torch.Tensor | None = None) -> bool:
-    """Whether the kernel has `block_attention` (built with AVX-512, or AVX2 + FMA: ckernel_block_avx2), and, given
+    """Whether the kernel has `block_attention` (built with AVX-512, or AVX2 + FMA: attention_block_avx2.c), and, given
     the cache `kc`, whether it reads that cache (fp32 or bf16: an fp8 cache's long chunks go through torch)."""
     lib = load()
     return (lib is not None and hasattr(lib, "block_attention")
@@ -157,7 +158,7 @@ def has_block_attention(kc: torch.Tensor | None = None) -> bool:
 
 def block_uses_pairs() -> bool:
     """Whether block_attention computes bf16 inputs as bf16 pair dot products in this process (P rounded to bf16),
-    rather than widened to fp32 (AVX-512 only: measured once, or MODELCALL_BLOCK_PAIRS=1 / 0; ckernel_block.py)."""
+    rather than widened to fp32 (AVX-512 only: measured once, or MODELCALL_BLOCK_PAIRS=1 / 0; attention_block.c)."""
     lib = load()
     return lib is not None and hasattr(lib, "block_pairs") and bool(lib.block_pairs())
 

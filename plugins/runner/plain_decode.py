@@ -4,7 +4,7 @@ Between a layer's QKV GEMM and its O GEMM, attention.paged_attention makes three
 paged_attention) and ~40 lines of Python deciding which path a layer takes (the step's variant, its KV group,
 long chunks, a shared prefix...). For a step of decodes and short chunks over one KV group, with every layer
 plain (no window, soft-cap or sinks), those answers are the same for every layer, so they are taken once per
-step (`DecodeAttention.prepare`) and each layer is one call into ckernel_decode's `decode_layer_attention`,
+step (`DecodeAttention.prepare`) and each layer is one call into csrc/attention_decode.c's `decode_layer_attention`,
 which makes the same three calls in the same order (the same bits: tests/test_plain_decode.py).
 
 NOTE: why one call matters more than the Python's own cost: measured on a Zen 3 core, right after a GEMM has
@@ -28,7 +28,7 @@ _p, _i64, _f, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_i
 
 
 class StepArgs(ctypes.Structure):
-    """ckernel_decode's decode_step_t, field for field."""
+    """csrc/attention_decode.c's decode_step_t, field for field."""
 
     _fields_ = [("rope", _p), ("pos", _p), ("cos", _p), ("sin", _p), ("slot_mapping", _p), ("tok_seq", _p),
                 ("tok_pos", _p), ("slots", _p), ("n", _i64), ("row_stride", _i64), ("nq", _i64), ("nkv", _i64),
@@ -37,7 +37,7 @@ class StepArgs(ctypes.Structure):
 
 
 class LayerArgs(ctypes.Structure):
-    """ckernel_decode's decode_layer_t."""
+    """csrc/attention_decode.c's decode_layer_t."""
 
     _fields_ = [("kc", _p), ("vc", _p), ("q_norm", _p), ("k_norm", _p), ("scale", _f)]
 

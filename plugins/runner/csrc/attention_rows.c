@@ -1,8 +1,9 @@
-"""The row-by-row attention kernels for every variant, in fp32 math: `attend` (any head size, sliding window,
-logit soft-capping, sink logits) and `attend_vec` (AVX-512, d % 16 == 0, plain attention, 16 keys per block). One
-query token over its context, every head at once; the fp32 path (the parity reference) runs these."""
+/* The row-by-row attention kernels for every variant, in fp32 math: `attend` (any head size, sliding window,
+ * logit soft-capping, sink logits) and `attend_vec` (AVX-512, d % 16 == 0, plain attention, 16 keys per block). One
+ * query token over its context, every head at once; the fp32 path (the parity reference) runs these. */
 
-SOURCE = r"""
+#include "kernel_common.h"
+
 #define PF_AHEAD 4
 #ifndef PF_BLOCKS
 #define PF_BLOCKS 2
@@ -31,7 +32,7 @@ static inline __m512 dot16(const float *qq, const uint16_t *qb, const void *kc, 
 /* attend() for d % 16 == 0, d <= 256: keys in blocks of 16 (one block of the cache when block_size is 16), every
  * head's scores of a block from one transposing reduction instead of one horizontal sum per key and head; the
  * weighted sum of V keeps each head's output in registers over a block. */
-static void attend_vec(const float *qt, const uint16_t *qbt, float *ot, const void *kc, const void *vc, int bf16,
+void attend_vec(const float *qt, const uint16_t *qbt, float *ot, const void *kc, const void *vc, int bf16,
                        const int64_t *sl, int64_t len, int64_t hq, int64_t hkv, int64_t d, float scale,
                        float *scores, float *lse) {
     const int64_t g = hq / hkv, rowlen = hkv * d, es = bf16 ? 2 : 4, nv = d / 16;
@@ -92,7 +93,7 @@ static inline void ask_row(const void *cache, int64_t slot, int64_t rowlen, int 
 /* One query token over its whole context, all heads at once: for each context slot the K (then V)
  * rows of every head are one contiguous run of hkv*d values, so the reads stream through memory.
  * scores[hh*len + j] = q_hh . K[j, hh / g] * scale; softmax over j; out_hh = sum_j p_j V[j, hh / g]. */
-static void attend(const float *qt, float *ot, const void *kc, const void *vc, int bf16, const int64_t *sl,
+void attend(const float *qt, float *ot, const void *kc, const void *vc, int bf16, const int64_t *sl,
                    int64_t len, int64_t hq, int64_t hkv, int64_t d, float scale, float softcap,
                    const float *sinks, float *scores, float *row, float *lse) {
     const int64_t g = hq / hkv, rowlen = hkv * d;
@@ -162,4 +163,3 @@ static void attend(const float *qt, float *ot, const void *kc, const void *vc, i
         }
     }
 }
-"""

@@ -1,13 +1,14 @@
-"""The decode entry of the attention kernel in C: `write_kv` (the step's new K/V rows into their cache slots, in the
-cache's dtype) and `paged_attention` (n query tokens over their paged contexts), with `decode_row_bf16`, the row
-kernel for bf16 queries over a bf16 (or fp8) cache that walks the keys by blocks of 16, one pass over K and one over
-V, with the next block prefetched into L2. Queries
-are read in place from the packed QKV rows and the output is written in the model's dtype; with more threads than
-rows to keep them busy, a row's keys can be split across threads and merged by log-sum-exp (cpu_kernel.MIN_SPLIT;
-off by default: it did not pay on this shared machine). `decode_layer_attention` is one layer of a plain decode step
-in one call (rope, K/V write, attention), for the lean stack's plain_decode.py."""
+/* The decode entry of the attention kernel in C: `write_kv` (the step's new K/V rows into their cache slots, in the
+ * cache's dtype) and `paged_attention` (n query tokens over their paged contexts), with `decode_row_bf16`, the row
+ * kernel for bf16 queries over a bf16 (or fp8) cache that walks the keys by blocks of 16, one pass over K and one over
+ * V, with the next block prefetched into L2. Queries
+ * are read in place from the packed QKV rows and the output is written in the model's dtype; with more threads than
+ * rows to keep them busy, a row's keys can be split across threads and merged by log-sum-exp (cpu_kernel.MIN_SPLIT;
+ * off by default: it did not pay on this shared machine). `decode_layer_attention` is one layer of a plain decode step
+ * in one call (rope, K/V write, attention), for the lean stack's plain_decode.py. */
 
-SOURCE = r"""
+#include "kernel_common.h"
+
 /* n values (fp32 or bf16) into a cache row of type dst_kvt (KV_*): a copy, a widening (exact) or a rounding */
 static inline void copy_row(void *dst, int dst_kvt, const void *src, int src_bf16, int64_t n, float *tmp) {
     if (dst_kvt >= KV_E4M3) {
@@ -315,4 +316,17 @@ void decode_layer_attention(const decode_step_t *s, const decode_layer_t *l, voi
                     s->slots, s->max_ctx, s->n, s->nq, s->nkv, s->d, l->scale, 0, 0.f, NULL, NULL, s->nthreads,
                     s->min_split);
 }
-"""
+
+/* Pin the calling thread and the OpenMP team it leads (torch's too: one runtime) to cpus[0..n).
+ * Returns how many threads were pinned. */
+int bind_threads(const int *cpus, int n) {
+    int ok = 0;
+    #pragma omp parallel num_threads(n) reduction(+:ok)
+    {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(cpus[omp_get_thread_num()], &set);
+        ok += sched_setaffinity(0, sizeof(set), &set) == 0;
+    }
+    return ok;
+}

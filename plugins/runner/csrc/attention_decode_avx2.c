@@ -1,44 +1,37 @@
-"""The decode row kernel for CPUs with AVX2 and FMA but no AVX-512 (AMD Zen 2/3, Intel Haswell to Comet Lake):
-`decode_row8`, one fp32 query token over its context in a bf16 or fp8 (E4M3, E5M2) cache, plain attention, d % 16 ==
-0 and d <= 256. It walks the keys by blocks of 16, head by head (the shape of ckernel_decode's decode_row_bf16), and
-asks for the lines of the next block (ckernel_common's PF_DECODE, block_rows) into L2 a few at a time, in address
-order, spread over the block's work (pf_stream: a few lines per 16 values of a head's K, per key of its V), the stream
-running on from the K pass into the V pass and from the V pass into the next row's K.
+/* The decode row kernel for CPUs with AVX2 and FMA but no AVX-512 (AMD Zen 2/3, Intel Haswell to Comet Lake):
+ * `decode_row8`, one fp32 query token over its context in a bf16 or fp8 (E4M3, E5M2) cache, plain attention,
+ * d % 16 == 0 and d <= 256. It walks the keys by blocks of 16, head by head (the shape of attention_decode.c's
+ * decode_row_bf16), and asks for the lines of the next block (kernel_common.h's PF_DECODE, block_rows) into L2 a few
+ * at a time, in address order, spread over the block's work (pf_stream: a few lines per 16 values of a head's K, per
+ * key of its V), the stream running on from the K pass into the V pass and from the V pass into the next row's K.
+ *
+ * Each 16 cache values are read as two fp32 vectors by a few integer ops, with no shuffle:
+ * - bf16: one 256-bit load; (w << 16) and (w & 0xffff0000) are the even and the odd values (attend_pairs8's trick), so
+ *   the query is split into its even and odd values once per row and the output is interleaved back at the end;
+ * - fp8 (with F16C, as every AVX2 CPU has): 16 codes become fp16 bits (E5M2: the code is fp16's top byte; E4M3: its
+ *   value times 2^-8, subnormals included, as in attention_fp8.c) and vcvtph2ps widens eight at a time, in order; the
+ *   2^8 is folded into the score scale (K) and the final normalization (V).
+ *
+ * Why: before it, an fp8 cache on these CPUs took the portable path (each row's context widened to fp32 rows in memory,
+ * then `attend`): W1's decode attention over an fp8 cache cost more than over bf16, though it reads half the bytes.
+ * Measured on an AMD Zen 3 core (benchmarks/decode_kernel.sh with QF32=1, one thread, 8 layers' scattered caches, means
+ * of alternating runs): over fp8 E4M3 (KVT=2) W1's 32 x 192 rows 47.0-47.7 -> 11.2-11.5 ms per step and W3's 16 x
+ * 2,048 rows 237-274 -> 62-66 ms; over bf16 against attend_pairs8 (which it replaced) 21.0-25.1 -> 20.6-22.5 ms and
+ * 116-126 -> 113-115 ms. From L3 this core runs the bf16 rows at 25 GB/s and the fp8 ones at 9 GB/s (the widening
+ * is the work).
+ *
+ * Why the prefetches are spread: a whole head's lines of the next block asked for at once (32 prefetcht1 in a burst,
+ * as decode_row_bf16 does on AVX-512) fill L1's miss buffers, the loads behind them wait, and the work and the memory
+ * traffic took turns: W1's rows ran at 10-11 GB/s, what 25 GB/s of work and 18.5 GB/s of plain reads of scattered
+ * 16 KB blocks (huge pages) give one after the other. Spread over the block (QF32=1 decode_kernel.sh, huge pages, three
+ * alternating rounds on the Zen 3, means): W1's 32 x 192 rows 9.9-10.8 -> 6.9-7.1 ms per step (best 5.8-6.0 ms,
+ * 17 GB/s) and W3's 16 x 2,048 rows 59-63 -> 38-39 ms; over fp8 no change (the widening, not memory, is the limit).
+ * Coarser spreads gave less: a whole row per head and eight keys 7.8-9.2 ms, a run of lines per head and eight keys
+ * (K) and per head (V) 6.3-8.4 ms. */
 
-Each 16 cache values are read as two fp32 vectors by a few integer ops, with no shuffle:
-- bf16: one 256-bit load; (w << 16) and (w & 0xffff0000) are the even and the odd values (attend_pairs8's trick), so
-  the query is split into its even and odd values once per row and the output is interleaved back at the end;
-- fp8 (with F16C, as every AVX2 CPU has): 16 codes become fp16 bits (E5M2: the code is fp16's top byte; E4M3: its
-  value times 2^-8, subnormals included, as in ckernel_fp8) and vcvtph2ps widens eight at a time, in order; the 2^8
-  is folded into the score scale (K) and the final normalization (V).
+#include "kernel_common.h"
 
-Why: before it, an fp8 cache on these CPUs took the portable path (each row's context widened to fp32 rows in memory,
-then `attend`): W1's decode attention over an fp8 cache cost more than over bf16, though it reads half the bytes.
-Measured on an AMD Zen 3 core (benchmarks/decode_kernel.sh with QF32=1, one thread, 8 layers' scattered caches, means
-of alternating runs): over fp8 E4M3 (KVT=2) W1's 32 x 192 rows 47.0-47.7 -> 11.2-11.5 ms per step and W3's 16 x
-2,048 rows 237-274 -> 62-66 ms; over bf16 against attend_pairs8 (which it replaced) 21.0-25.1 -> 20.6-22.5 ms and
-116-126 -> 113-115 ms. From L3 this core runs the bf16 rows at 25 GB/s and the fp8 ones at 9 GB/s (the widening
-is the work).
-
-Why the prefetches are spread: a whole head's lines of the next block asked for at once (32 prefetcht1 in a burst,
-as decode_row_bf16 does on AVX-512) fill L1's miss buffers, the loads behind them wait, and the work and the memory
-traffic took turns: W1's rows ran at 10-11 GB/s, what 25 GB/s of work and 18.5 GB/s of plain reads of scattered
-16 KB blocks (huge pages) give one after the other. Spread over the block (QF32=1 decode_kernel.sh, huge pages, three
-alternating rounds on the Zen 3, means): W1's 32 x 192 rows 9.9-10.8 -> 6.9-7.1 ms per step (best 5.8-6.0 ms,
-17 GB/s) and W3's 16 x 2,048 rows 59-63 -> 38-39 ms; over fp8 no change (the widening, not memory, is the limit).
-Coarser spreads gave less: a whole row per head and eight keys 7.8-9.2 ms, a run of lines per head and eight keys
-(K) and per head (V) 6.3-8.4 ms.
-"""
-
-SOURCE = r"""
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
-#define HAVE_DECODE_ROW8 1
-/* fp8 codes are widened by F16C's vcvtph2ps (every AVX2 CPU has it; without it an fp8 cache takes the portable path) */
-#if defined(__F16C__)
-#define ROW8_FP8 1
-#else
-#define ROW8_FP8 0
-#endif
 /* 16 cache values at p (bf16, or fp8 codes: kvt) as two fp32 vectors: bf16 -> (even values, odd values), fp8 ->
  * (values 0-7, values 8-15), E4M3 as its values times 2^-8 */
 static inline __attribute__((always_inline)) void load_piece16(const char *p, int kvt, __m256 *a, __m256 *b) {
@@ -153,7 +146,7 @@ static inline __attribute__((always_inline)) void row8(const float *qt, float *d
 }
 
 /* row8 with the head size a constant where it is a common one, so the loops over pieces unroll */
-static void decode_row8(const float *qt, float *dst, float *lse, const char *kc, const char *vc, int kvt,
+void decode_row8(const float *qt, float *dst, float *lse, const char *kc, const char *vc, int kvt,
                         const int64_t *sl, int64_t len, int64_t hq, int64_t hkv, int64_t d, float scale,
                         float *scores, float *qx, float *ox, const int64_t *next_sl, int64_t next_len) {
     if (d == 64) row8(qt, dst, lse, kc, vc, kvt, sl, len, hq, hkv, 64, scale, scores, qx, ox, next_sl, next_len);
@@ -161,4 +154,3 @@ static void decode_row8(const float *qt, float *dst, float *lse, const char *kc,
     else row8(qt, dst, lse, kc, vc, kvt, sl, len, hq, hkv, d, scale, scores, qx, ox, next_sl, next_len);
 }
 #endif
-"""

@@ -1,7 +1,8 @@
-"""`block_attention` in C (AVX-512): many query rows over one run of keys as two register-tiled GEMMs per KV head,
-queries along the vector lanes (32 per tile): long prefill chunks and the shared part of cascade attention."""
+/* `block_attention` in C (AVX-512): many query rows over one run of keys as two register-tiled GEMMs per KV head,
+ * queries along the vector lanes (32 per tile): long prefill chunks and the shared part of cascade attention. */
 
-SOURCE = r"""
+#include "kernel_common.h"
+
 #if defined(__AVX512F__)
 #include <time.h>
 #define FOR8(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
@@ -404,4 +405,3 @@ void block_attention(const float *q, const uint16_t *qb, void *out, int out_bf16
     free(vall);
 }
 #endif
-"""

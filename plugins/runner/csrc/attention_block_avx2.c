@@ -1,11 +1,12 @@
-"""`block_attention` for CPUs with AVX2 and FMA but no AVX-512: the same entry and contract as ckernel_block's, in
-fp32, with 16 query lanes per tile (two 256-bit registers) and six keys (or output dims) per register tile: 12
-accumulators, two loads and a broadcast per step; the keys in blocks of 256 with an online softmax so a block's K and
-V stay in L2 while every tile passes. Long prefill chunks, fresh prompts and cascade's shared prefixes take it
-instead of torch's flash attention. W3's shape on a Zen 3 core, one thread (1,920 causal queries over a bf16 cache,
-8 x 64 heads, fp32 queries): 73-85 ms against SDPA's 79-98 in the same runs, 1.11-1.16x in three."""
+/* `block_attention` for CPUs with AVX2 and FMA but no AVX-512: the same entry and contract as attention_block.c's, in
+ * fp32, with 16 query lanes per tile (two 256-bit registers) and six keys (or output dims) per register tile: 12
+ * accumulators, two loads and a broadcast per step; the keys in blocks of 256 with an online softmax so a block's K and
+ * V stay in L2 while every tile passes. Long prefill chunks, fresh prompts and cascade's shared prefixes take it
+ * instead of torch's flash attention. W3's shape on a Zen 3 core, one thread (1,920 causal queries over a bf16 cache,
+ * 8 x 64 heads, fp32 queries): 73-85 ms against SDPA's 79-98 in the same runs, 1.11-1.16x in three. */
 
-SOURCE = r"""
+#include "kernel_common.h"
+
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 /* dst[k][0..16) (+)= sum over t < n of b[k * ks + t * ts] * v[t][0..16), for k < nk <= 6 (acc: added to dst).
  * NOTE: twelve named accumulators, not an array: with a[6][2] gcc stored every accumulator to the stack on each step
@@ -140,4 +141,3 @@ void block_attention(const float *q, const uint16_t *qb, void *out, int out_bf16
     }
 }
 #endif
-"""
