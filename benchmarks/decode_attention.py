@@ -1,6 +1,6 @@
 """Decode attention as the lean stack calls it (`attention.paged_attention` on [1, H, T, D] views of one packed QKV
 buffer, K/V cache writes included), today's code against attention.py + cpu_kernel.py at an earlier commit, loaded
-side by side (as benchmarks/w2_offline_before_after.py does), steps alternating (A B A B ...) in one process.
+side by side (as benchmarks/runner_before_after.py loads an earlier runner), steps alternating (A B A B ...) in one process.
 
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE taskset -c 0 .venv/bin/python benchmarks/decode_attention.py
         [--base c41cbb6] [--threads 1] [--steps 12] [--shape 32x192 --shape 16x2048 --shape 4x4096] [--q-dtype float32]

