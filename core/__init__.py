@@ -21,14 +21,14 @@ from modelcall.core.host import PluginHost
 from modelcall.core.kernel import Kernel
 from modelcall.core.params import SamplingParams
 from modelcall.core.plan import ModelSpec, ScheduledChunk, SchedulePlan, StepOutput
-from modelcall.core.policies import EvictionPolicy, WaitingQueue
+from modelcall.core.policies import EvictionPolicy, KeyedWaitingQueue, WaitingQueue
 from modelcall.core.request import Request, Status
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Completion", "ConfigError", "ContextOverflow", "EvictionPolicy", "InvalidRequest", "Kernel", "KernelConfig",
-    "ModelNotFound", "ModelSpec", "ModelcallError", "Overloaded", "PluginError", "PluginHost", "Request",
-    "RequestHandle", "SamplingParams", "ScheduledChunk", "SchedulePlan", "Status", "StepOutput", "Unavailable",
-    "WaitingQueue", "__version__", "hookimpl", "hookspec",
+    "KeyedWaitingQueue", "ModelNotFound", "ModelSpec", "ModelcallError", "Overloaded", "PluginError", "PluginHost",
+    "Request", "RequestHandle", "SamplingParams", "ScheduledChunk", "SchedulePlan", "Status", "StepOutput",
+    "Unavailable", "WaitingQueue", "__version__", "hookimpl", "hookspec",
 ]

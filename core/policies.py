@@ -3,12 +3,16 @@ scheduler admits waiting requests in. A plugin that only wants another order imp
 (through `provide_eviction_policy` / `provide_waiting_queue`) and keeps the rest of the built-in stage.
 
 Both run in the engine loop once per block or per request each step: every method must be O(1)
-or O(log n), plain Python, no I/O.
+or O(log n), plain Python, no I/O. `KeyedWaitingQueue` is a whole waiting queue but for its order:
+a plugin gives the key of a request and inherits the rest.
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Iterator
-from typing import Protocol, runtime_checkable
+from operator import itemgetter
+from typing import Any, Protocol, runtime_checkable
 
 from modelcall.core.request import Request
 
@@ -89,3 +93,62 @@ class WaitingQueue(Protocol):
     def __iter__(self) -> Iterator[Request]:
         """The queued requests in admission order (a snapshot: the queue may change meanwhile)."""
         ...
+
+
+class KeyedWaitingQueue:
+    """A `WaitingQueue` in the order of a key: the lowest `key(request, preempted)` first, ties in push
+    order. Subclasses give `key`; everything else is here.
+
+    A heap with lazy deletion: `remove` forgets the request, and its stale heap entry is dropped when it
+    reaches the top. Each entry is `(*key, seq, request_id)`, so requests themselves are never compared;
+    an entry is live while it is the very tuple its request's record holds.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[Any, ...]] = []
+        self._live: dict[str, tuple[tuple[Any, ...], Request]] = {}  # request id -> (its live entry, request)
+        self._seq = itertools.count()
+
+    def key(self, request: Request, preempted: bool) -> tuple[Any, ...]:
+        """The request's place: lower keys are admitted first. `preempted`: it is being requeued by
+        `push_front` (it has run already)."""
+        raise NotImplementedError
+
+    def push(self, request: Request) -> None:
+        self._push(request, False)
+
+    def push_front(self, request: Request) -> None:
+        self._push(request, True)
+
+    def _push(self, request: Request, preempted: bool) -> None:
+        entry = (*self.key(request, preempted), next(self._seq), request.request_id)
+        self._live[request.request_id] = (entry, request)
+        heapq.heappush(self._heap, entry)
+
+    def peek(self) -> Request:
+        heap, live_of = self._heap, self._live
+        while True:
+            entry = heap[0]
+            live = live_of.get(entry[-1])
+            if live is not None and live[0] is entry:
+                return live[1]
+            heapq.heappop(heap)  # removed (aborted) or pushed again since
+
+    def pop(self) -> Request:
+        request = self.peek()
+        heapq.heappop(self._heap)
+        del self._live[request.request_id]
+        return request
+
+    def remove(self, request: Request) -> bool:
+        return self._live.pop(request.request_id, None) is not None
+
+    def get(self, request_id: str) -> Request | None:
+        live = self._live.get(request_id)
+        return live[1] if live else None
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter([request for _entry, request in sorted(self._live.values(), key=itemgetter(0))])

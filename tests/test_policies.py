@@ -3,7 +3,7 @@ from collections import OrderedDict
 
 import pytest
 
-from modelcall.core import ConfigError, EvictionPolicy, KernelConfig, WaitingQueue, hookimpl
+from modelcall.core import ConfigError, EvictionPolicy, KernelConfig, KeyedWaitingQueue, WaitingQueue, hookimpl
 from modelcall.events import PrefillDone
 from modelcall.plugins.kv_cache.free_queue import LRUFreeQueue
 from modelcall.plugins.scheduler.queues import FCFSQueue, PriorityQueue
@@ -119,3 +119,35 @@ def test_a_provider_written_before_the_seams_keeps_working():
     host = PluginHost([OldScheduler()], load_entrypoints=False)
     assert host.provide("provide_scheduler", "scheduler", config=KernelConfig(), kv_cache="kv",
                         waiting_queue=FCFSQueue()) == ("old", "kv")
+
+
+class ByRank(KeyedWaitingQueue):
+    """An order that is a key of the request: its `priority` field, read at push time."""
+
+    def key(self, request, preempted):
+        return (request.priority,)
+
+
+def _queued(rid, rank):
+    from modelcall.core import Request, SamplingParams
+    return Request(rid, [3, 4, 5], SamplingParams.create(), max_tokens=1, priority=rank)
+
+
+def test_a_keyed_queue_admits_the_lowest_key_first_ties_in_push_order_and_skips_removed_requests():
+    q = ByRank()
+    assert isinstance(q, WaitingQueue)
+    a, b, c, d = _queued("a", 5), _queued("b", 1), _queued("c", 5), _queued("d", 0)
+    for r in (a, b, c, d):
+        q.push(r)
+    assert [r.request_id for r in q] == ["d", "b", "a", "c"] and len(q) == 4
+    assert q.remove(d) and q.peek() is b and q.get("d") is None
+    # b leaves and comes back with another key: only its new place counts, not its stale heap entry
+    assert q.remove(b)
+    b.priority = 9
+    q.push_front(b)
+    assert [q.pop().request_id for _ in range(3)] == ["a", "c", "b"] and len(q) == 0
+
+
+def test_a_keyed_queue_without_a_key_says_so():
+    with pytest.raises(NotImplementedError):
+        KeyedWaitingQueue().push(_queued("a", 0))
