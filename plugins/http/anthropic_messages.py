@@ -16,7 +16,9 @@ from modelcall.plugins.http.schemas_anthropic import (
 from modelcall.plugins.http.service import (
     Generation, ServingContext, check_outcome, close_all, sampling_params,
 )
-from modelcall.plugins.http.tool_calls import anthropic_input, anthropic_options, anthropic_tool_frames, task_id_of
+from modelcall.plugins.http.tool_calls import (
+    anthropic_input, anthropic_options, anthropic_tool_frames, task_id_of, template_call,
+)
 
 _enc = msgspec.json.Encoder()
 
@@ -45,7 +47,7 @@ def template_messages(system: str | list[TextBlock] | None, messages: list[Input
             if t is TextBlock:
                 text.append(block.text)
             elif t is ToolUseBlock:
-                calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": block.input}})
+                calls.append(template_call(block.id, block.name, block.input))
             elif t is ToolResultBlock:
                 content = block.content if isinstance(block.content, str) else "".join(
                     _block_text(b, i) for b in block.content)

@@ -1,7 +1,6 @@
 """POST /v1/chat/completions: OpenAI chat completions, streaming (SSE) or not, n choices."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import msgspec
@@ -19,7 +18,9 @@ from modelcall.plugins.http.schemas_openai import (
 )
 from modelcall.plugins.http.prompt_logprobs import MAX_TOP, vllm_prompt_logprobs
 from modelcall.plugins.http.timing import server_timing
-from modelcall.plugins.http.tool_calls import openai_calls, openai_deltas, openai_options, task_id_of
+from modelcall.plugins.http.tool_calls import (
+    openai_calls, openai_deltas, openai_options, task_id_of, template_call,
+)
 from modelcall.plugins.http.service import (
     Generation, ServingContext, check_outcome, close_all, events_of, read_whole, sampling_params, total_usage, unix_time,
 )
@@ -75,9 +76,7 @@ def template_messages(messages: list[Message]) -> list[dict[str, Any]]:
         elif t is AssistantMessage:
             d = {"role": "assistant", "content": _text(m.content, i) if m.content is not None else ""}
             if m.tool_calls:
-                d["tool_calls"] = [{"id": c.id, "type": "function",
-                                    "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
-                                   for c in m.tool_calls]
+                d["tool_calls"] = [template_call(c.id, c.function.name, c.function.arguments) for c in m.tool_calls]
             if m.reasoning_content:
                 d["reasoning_content"] = m.reasoning_content
         elif t is ToolMessage:
@@ -100,14 +99,6 @@ def _text(content: Any, i: int) -> str:
                            param=f"messages[{i}].content")
         parts.append(getattr(part, "text", None) or getattr(part, "refusal", ""))
     return "".join(parts)
-
-
-def _arguments(arguments: str) -> Any:
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        return arguments
-    return value if isinstance(value, dict) else arguments
 
 
 async def _whole(ctx: ServingContext, gens: list[Generation], rid: str, model: str,

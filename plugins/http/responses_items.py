@@ -6,12 +6,12 @@ Items are kept as plain dicts in the shape OpenAI returns them, so the store, `i
 """
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
 from modelcall.core.tools import qualified_name
 from modelcall.plugins.http.errors import ApiError
+from modelcall.plugins.http.tool_calls import template_call
 
 TEXT_PARTS = {"input_text", "output_text", "text", "summary_text", "reasoning_text"}
 SKIPPED = {"mcp_list_tools", "mcp_approval_request", "mcp_approval_response"}  # carry no model context
@@ -95,14 +95,6 @@ def _reasoning_text(item: dict[str, Any], where: str) -> str:
     return _text(content, f"{where}.content") if content else ""
 
 
-def _arguments(arguments: str) -> Any:
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        return arguments
-    return value if isinstance(value, dict) else arguments
-
-
 def to_messages(items: list[dict[str, Any]], instructions: str | None) -> list[dict[str, Any]]:
     """The chat messages (HF template conventions) of a conversation of items.
 
@@ -145,18 +137,14 @@ def to_messages(items: list[dict[str, Any]], instructions: str | None) -> list[d
         elif kind == "reasoning":
             reasoning = _reasoning_text(it, f"input[{i}]") or None
         elif kind == "function_call":
-            assistant_for_call()["tool_calls"].append(
-                {"id": it["call_id"], "type": "function",
-                 "function": {"name": it["name"], "arguments": _arguments(it["arguments"])}})
+            assistant_for_call()["tool_calls"].append(template_call(it["call_id"], it["name"], it["arguments"]))
         elif kind == "function_call_output":
             msgs.append({"role": "tool", "tool_call_id": it["call_id"],
                          "content": _text(it.get("output"), f"input[{i}].output")})
         elif kind == "mcp_call":
             call_id = it["id"]
             assistant_for_call()["tool_calls"].append(
-                {"id": call_id, "type": "function",
-                 "function": {"name": qualified_name(it["server_label"], it["name"]),
-                              "arguments": _arguments(it.get("arguments") or "{}")}})
+                template_call(call_id, qualified_name(it["server_label"], it["name"]), it.get("arguments") or "{}"))
             result = it.get("output") if it.get("error") is None else f"error: {it['error']}"
             msgs.append({"role": "tool", "tool_call_id": call_id, "content": result or ""})
     return msgs

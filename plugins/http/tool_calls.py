@@ -1,6 +1,7 @@
-"""Tool calls on the wire: request options to kernel arguments, and rendering what the kernel decided:
-`TokensEmitted.tool_calls` deltas as OpenAI `tool_calls` deltas and Anthropic `tool_use` blocks, and
-complete calls (`ToolRequested`) in whole responses. Nothing here parses model output."""
+"""Tool calls on the wire: request options to kernel arguments, the calls a client sends back as chat
+templates read them, and rendering what the kernel decided: `TokensEmitted.tool_calls` deltas as OpenAI
+`tool_calls` deltas and Anthropic `tool_use` blocks, and complete calls (`ToolRequested`) in whole
+responses. Nothing here parses model output."""
 from __future__ import annotations
 
 import json
@@ -30,6 +31,19 @@ def openai_options(body: Any) -> dict[str, Any]:
     return {"tool_choice": msgspec.to_builtins(choice) if choice is not None and not isinstance(choice, str) else choice,
             "parallel_tool_calls": body.parallel_tool_calls,
             "response_format": msgspec.to_builtins(body.response_format) if body.response_format is not None else None}
+
+
+def template_call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
+    """A call of an earlier assistant turn (chat, Responses or Anthropic input) as chat templates read
+    it (HF conventions): `arguments` as an object, decoded when it is the JSON text of one; any other
+    text is kept as it came, so a template that prints arguments shows what the model wrote."""
+    if isinstance(arguments, str):
+        try:
+            value = json.loads(arguments)
+        except ValueError:
+            value = None
+        arguments = value if isinstance(value, dict) else arguments
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def anthropic_options(body: Any) -> dict[str, Any]:
