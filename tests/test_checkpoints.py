@@ -34,19 +34,51 @@ async def _greedy(make_kernel, model_dir: str, ignore_eos: bool = True, **config
         return kernel, done
 
 
+async def _teacher_forced(make_kernel, model_dir: str, ids: list[int], **config) -> tuple[str, list[float]]:
+    """The dtype the kernel computed in, and its log-probability of each token of `ids` given the ones before."""
+    from modelcall.events import PromptLogprobs
+
+    async with make_kernel(model=model_dir, **config) as kernel:
+        async for ev in kernel.generate(prompt_token_ids=ids, max_tokens=1, temperature=0, prompt_logprobs=0):
+            if type(ev) is PromptLogprobs:
+                return kernel.spec.dtype, [p.logprob for p in ev.logprobs[1:]]
+    raise AssertionError("no prompt logprobs")
+
+
+def _transformers_logprobs(model_dir: str, ids: list[int], dtype: torch.dtype) -> tuple[list[float], float]:
+    """transformers' own log-probabilities of `ids` in `dtype`, and the largest |logit| (the scale of its error)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=dtype).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    lp = torch.log_softmax(logits, -1)
+    return [lp[i, ids[i + 1]].item() for i in range(len(ids) - 1)], logits.abs().max().item()
+
+
 @pytest.mark.parametrize("ckpt_dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 async def test_half_precision_checkpoints_run_on_cpu(make_kernel, tmp_path, demo_model_dir, ckpt_dtype):
     model_dir = build_family("qwen3", str(tmp_path / "m"), demo_model_dir, dtype=ckpt_dtype)
-    assert json.load(open(os.path.join(model_dir, "config.json")))["dtype"] == str(ckpt_dtype).removeprefix("torch.")
+    name = str(ckpt_dtype).removeprefix("torch.")
+    assert json.load(open(os.path.join(model_dir, "config.json")))["dtype"] == name
     # upcast to fp32 (weights exactly the checkpoint's values): transformers' upcast output, token for token
     kernel, done = await _greedy(make_kernel, model_dir, dtype="float32", kv_cache_dtype="float32")
-    assert done.token_ids == _reference(model_dir, torch.float32)
-    # auto: computes in fp32 or bf16 (whichever is faster here), never in fp16 on CPU
-    kernel, done = await _greedy(make_kernel, model_dir)
-    assert kernel.spec.dtype in ("float32", "bfloat16") and len(done.token_ids) == N
-    # asked for in its own dtype: the portable attention path runs it (the C kernel takes fp32/bf16)
-    kernel, done = await _greedy(make_kernel, model_dir, dtype=str(ckpt_dtype).removeprefix("torch."))
-    assert kernel.spec.dtype == str(ckpt_dtype).removeprefix("torch.") and len(done.token_ids) == N
+    ref = _reference(model_dir, torch.float32)
+    assert done.token_ids == ref
+    # auto (fp32 or bf16, whichever is faster here; never fp16 on CPU) and the checkpoint's own dtype (the
+    # portable attention path for fp16: the C kernel takes fp32/bf16): each position's log-probability equals
+    # transformers' in the dtype the kernel computed in.
+    # NOTE: within 2 ulps of that dtype at the logits' scale (|logits| ~19 here): bf16 0.30, fp16 0.037, fp32
+    # 1e-4 at least. Measured on qwen3: fp16 and fp32 <1e-4, bf16 0.089 (the lean stack against transformers'
+    # bf16 modules); logits 10% off (a lost logit scale) give ~1.
+    ids = PROMPT + ref
+    for config, computes_in in (({}, ("float32", "bfloat16")), ({"dtype": name}, (name,))):
+        dtype, got = await _teacher_forced(make_kernel, model_dir, ids, **config)
+        assert dtype in computes_in, (config, dtype)
+        want, scale = _transformers_logprobs(model_dir, ids, getattr(torch, dtype))
+        tol = max(1e-4, 2 * torch.finfo(getattr(torch, dtype)).eps * scale)
+        worst = max(abs(a - b) for a, b in zip(got, want))
+        assert len(got) == len(want) and worst <= tol, (config, dtype, worst, tol)
 
 
 async def test_tied_embeddings_checkpoint_has_no_lm_head_and_matches(make_kernel, tmp_path, demo_model_dir):
