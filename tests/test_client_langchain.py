@@ -12,7 +12,7 @@ import pytest
 from http_server import ServerThread
 from pydantic import BaseModel, Field
 
-langchain_openai = pytest.importorskip("langchain_openai", reason="langchain-openai is in the test extra")
+import langchain_openai  # noqa: E402  (the test extra: a missing package is an error, not a skip)
 from langchain_core.exceptions import ContextOverflowError  # noqa: E402
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, SystemMessage, ToolMessage  # noqa: E402
 from langchain_core.tools import tool  # noqa: E402

@@ -13,7 +13,7 @@ import pytest
 from http_server import ServerThread
 from pydantic import BaseModel, Field
 
-pydantic_ai = pytest.importorskip("pydantic_ai", reason="pydantic-ai-slim[openai] is in the test extra")
+import pydantic_ai  # noqa: E402  (the test extra: a missing package is an error, not a skip)
 from pydantic_ai import Agent, ModelSettings, NativeOutput  # noqa: E402
 from pydantic_ai.capabilities import AbstractCapability  # noqa: E402
 from pydantic_ai.messages import ToolCallPart, ToolReturnPart  # noqa: E402

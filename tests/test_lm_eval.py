@@ -1,20 +1,19 @@
 """lm-evaluation-harness's own `local-completions` model against a live `modelcall serve`: every
 logged loglikelihood of a local multiple-choice task equals transformers' for the same tokens
-(fp32, within 1e-4), and a generate_until task returns the server's greedy text."""
+(fp32, within 1e-4), and a generate_until task returns transformers' greedy text for the same prompt."""
 from __future__ import annotations
 
 import json
 import os
 
 import pytest
-import requests
 import torch
 
 from http_server import ServerThread
 
 # NOTE: before lm-eval imports datasets (which reads it once): local files only, never the hub.
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-lm_eval = pytest.importorskip("lm_eval", reason="lm-eval[api] is in the test extra")
+import lm_eval  # noqa: E402,F401  (the test extra's lm-eval[api]: missing is an error, not a skip)
 
 QUESTIONS = [
     {"question": "def add(a, b):\n    return", "choices": [" a + b", " a - b", " None"], "label": 0},
@@ -114,13 +113,17 @@ def test_lm_eval_loglikelihoods_equal_transformers(server, demo_model_dir, tasks
     assert len(set(lls)) == len(lls) and sum(ll < -1e-3 for ll in lls) >= len(lls) - 2
 
 
-def test_lm_eval_generate_until_returns_the_servers_greedy_text(server, demo_model_dir, tasks):
+def test_lm_eval_generate_until_returns_transformers_greedy_text(server, demo_model_dir, tasks):
+    from transformers import AutoModelForCausalLM
+
     lm, samples = _evaluate(server, demo_model_dir, tasks, "modelcall_gen")
     assert len(samples) == len(PROMPTS)
+    model = AutoModelForCausalLM.from_pretrained(demo_model_dir, dtype=torch.float32).eval()
     for sample in samples:
-        prompt = PROMPTS[sample["doc_id"]]["prompt"]
-        ids = lm.tok_encode(prompt)
-        r = requests.post(server.base_url + "/v1/completions", timeout=60,
-                          json={"prompt": ids, "max_tokens": MAX_GEN, "temperature": 0, "stop": ["\n\n\n"]})
-        want = r.json()["choices"][0]["text"]
-        assert want and sample["resps"][0][0] == want
+        ids = lm.tok_encode(PROMPTS[sample["doc_id"]]["prompt"])
+        with torch.no_grad():  # the reference: transformers' own greedy decoding of the same tokens
+            out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_GEN, do_sample=False, top_k=None,
+                                 top_p=None, temperature=None, pad_token_id=model.config.eos_token_id)
+        new_ids = out[0, len(ids):].tolist()
+        want = lm.tokenizer.decode(new_ids, skip_special_tokens=True).split("\n\n\n")[0]
+        assert want and sample["resps"][0][0] == want, (new_ids, want, sample["resps"][0][0])

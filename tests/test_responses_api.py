@@ -118,9 +118,34 @@ def test_forced_function_tools_whole_and_streamed(oai, choice):
         assert deltas == args_done.arguments == scall.arguments
 
 
-def test_tool_choice_none_gives_text_only(oai):
-    r = oai.responses.create(model=MODEL, input="Hi", tools=TOOLS, tool_choice="none", max_output_tokens=8, extra_body={"seed": 1})
-    assert all(o.type == "message" for o in r.output)
+CALL_MARKUP = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def calls_weather():
+    """A server whose model writes a get_weather call whatever it is asked (a ScriptedSampler)."""
+    from modelcall.testing.scripted import ScriptedSampler
+
+    sampler, admitted = ScriptedSampler(), EventCollector()
+    with ServerThread(ServerSettings(port=0), plugins=(sampler, admitted), max_model_len=1024, num_kv_blocks=256) as s:
+        sampler.say(s.kernel.tokenizer.encode(CALL_MARKUP))
+        yield openai.OpenAI(base_url=s.base_url + "/v1", api_key="unused", max_retries=0, timeout=120), admitted
+
+
+def test_tool_choice_none_gives_text_only(calls_weather):
+    """The model writes a call's markup either way: with `auto` it is a function_call item; with `none`
+    no tool is offered (a shorter prompt) and the markup stays text in the one message."""
+    client, admitted = calls_weather
+    kw = dict(model=MODEL, input="Weather in Oslo?", tools=TOOLS, max_output_tokens=64)
+    auto = client.responses.create(**kw, tool_choice="auto")
+    none = client.responses.create(**kw, tool_choice="none")
+    [call] = [o for o in auto.output if o.type == "function_call"]
+    assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Oslo", "days": 2})
+    assert [o.type for o in none.output] == ["message"]
+    assert none.output_text == CALL_MARKUP
+    prompt = {e.request_id: e.prompt_tokens for e in admitted.of(RequestAdmitted)}
+    first, second = prompt.values()  # auto's request, then none's
+    assert second < first  # no tool definitions rendered
 
 
 def test_json_schema_text_format_validates(oai):

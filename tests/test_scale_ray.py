@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-ray = pytest.importorskip("ray")
-pytest.importorskip("ray.serve")
+import ray  # noqa: E402  (the test extra's ray[serve]: a missing package is an error, not a skip)
+import ray.serve  # noqa: E402,F401
 
 import requests  # noqa: E402
 import openai  # noqa: E402

@@ -67,7 +67,7 @@ def test_tokenizer_info_names_the_special_tokens(server, hf):
 
 
 def test_lm_evals_remote_tokenizer_reads_these_routes(server, hf):
-    utils = pytest.importorskip("lm_eval.utils")
+    from lm_eval import utils  # the test extra's lm-eval
     assert utils.check_remote_tokenizer_support(server.base_url + "/v1/completions")
     remote = utils.RemoteTokenizer(server.base_url + "/v1/completions")
     assert remote.encode(TEXT) == hf.encode(TEXT, add_special_tokens=False)
