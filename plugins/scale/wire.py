@@ -6,6 +6,7 @@ front end ◀── event, event, …  ──     (modelcall.events codec: the r
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -13,6 +14,7 @@ import msgspec
 from modelcall.core import errors
 from modelcall.core.metering import Caller
 from modelcall.core.params import SamplingParams
+from modelcall.events.codec import Codec
 
 
 class Call(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
@@ -50,21 +52,11 @@ class Refused(msgspec.Struct, tag=True, kw_only=True, gc=False):
 
 
 Reply = Admitted | Counted | Refused
-_enc = msgspec.msgpack.Encoder()
-_call_dec = msgspec.msgpack.Decoder(Call)
-_reply_dec = msgspec.msgpack.Decoder(Reply)
-
-
-def encode(obj: Any) -> bytes:
-    return _enc.encode(obj)
-
-
-def decode_call(data: bytes) -> Call:
-    return _call_dec.decode(data)
-
-
-def decode_reply(data: bytes) -> Reply:
-    return _reply_dec.decode(data)
+CALLS: Codec[Call] = Codec(Call)
+REPLIES: Codec[Reply] = Codec(Reply)
+encode: Callable[[Call | Reply], bytes] = CALLS.to_msgpack  # the one msgpack encoder: it takes either
+decode_call = CALLS.from_msgpack
+decode_reply = REPLIES.from_msgpack
 
 
 def refusal(e: errors.ModelcallError) -> Refused:
