@@ -1,0 +1,265 @@
+"""Quantized weights (GGML block formats) kept quantized in memory, and the C kernels that use them.
+
+A weight is N rows (output features) of K values (input features); each row is K / block consecutive blocks, and
+the raw bytes are a uint8 tensor [N, row_bytes], so rows can be permuted or concatenated freely. `qmatmul` reads
+those bytes and widens them in registers (fp32 accumulation); `QWeight.dequantize` / `.rows` give fp32 or bf16
+rows (embedding lookups, prefill tiles); `quantize` makes Q8_0, Q4_0 (bit for bit as gguf.quants) and Q4_K from
+a float weight. The C source is csrc/quant_*.{h,c} (format decoders and the one matmul); where it cannot be built,
+gguf's NumPy dequantizer and torch's matmul keep every result correct, only slower.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from modelcall.core.native import OnceLibrary
+
+GGML_TYPES: dict[str, int] = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
+                              "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "BF16": 30}
+_NAMES = {v: k for k, v in GGML_TYPES.items()}
+# (weights per block, bytes per block), as gguf.constants.GGML_QUANT_SIZES
+_BLOCKS: dict[int, tuple[int, int]] = {0: (1, 4), 1: (1, 2), 30: (1, 2), 8: (32, 34), 2: (32, 18), 3: (32, 20),
+                                       6: (32, 22), 7: (32, 24), 12: (256, 144), 13: (256, 176), 14: (256, 210)}
+QUANTIZABLE = (GGML_TYPES["Q8_0"], GGML_TYPES["Q4_0"], GGML_TYPES["Q4_K"])
+
+_CSRC = os.path.join(os.path.dirname(__file__), "csrc")
+_FILES = ("quant_common.h", "quant_legacy.c", "quant_k.c", "quant_matmul.c")
+
+
+def _read_source() -> str:
+    parts = []
+    for name in _FILES:
+        with open(os.path.join(_CSRC, name)) as f:
+            parts.append(f"/* ---- {name} ---- */\n{f.read()}")
+    return "\n".join(parts)
+
+
+SOURCE = _read_source()
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    i64, i32, p = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+    lib.quant_qmatmul.argtypes = [i32, p, i64, i64, i64, p, i32, i64, i64, p, i32, i64, p, i32]
+    lib.quant_dequantize_rows.argtypes = [i32, p, i64, i64, i64, p, i64, i64, p, i32, i64, i32]
+    lib.quant_quantize_rows.argtypes = [i32, p, i64, i64, i64, p, i32]
+    lib.quant_path.argtypes = []
+    for fn in (lib.quant_qmatmul, lib.quant_dequantize_rows, lib.quant_quantize_rows, lib.quant_path):
+        fn.restype = i32
+
+
+_LIB = OnceLibrary("quant_kernels", SOURCE, _declare, "quantized weights are dequantized by gguf's NumPy code")
+
+
+def load() -> ctypes.CDLL | None:
+    """The compiled library, or None where it cannot be built (tests swap in other builds through this)."""
+    return _LIB.get()
+
+
+def type_name(qtype: int) -> str:
+    """The GGML name of a type number (gguf's where this module does not know it)."""
+    if qtype in _NAMES:
+        return _NAMES[qtype]
+    try:
+        import gguf
+        return gguf.GGMLQuantizationType(qtype).name
+    except (ImportError, ValueError):
+        return f"type {qtype}"
+
+
+def block_info(qtype: int) -> tuple[int, int]:
+    """(weights per block, bytes per block) of a supported type; ValueError naming the type otherwise."""
+    if qtype not in _BLOCKS:
+        raise ValueError(f"GGML type {type_name(qtype)} ({qtype}) is not supported by the quantized kernels; "
+                         f"supported: {', '.join(sorted(GGML_TYPES))}")
+    return _BLOCKS[qtype]
+
+
+def supported(qtype: int) -> bool:
+    """Whether the kernels read this GGML type."""
+    return qtype in _BLOCKS
+
+
+def row_bytes(qtype: int, k: int) -> int:
+    """Bytes of one row of k weights; ValueError when k is not a whole number of blocks."""
+    block, size = block_info(qtype)
+    if k <= 0 or k % block:
+        raise ValueError(f"a {type_name(qtype)} row holds a multiple of {block} weights, not {k}")
+    return k // block * size
+
+
+@dataclass(frozen=True)
+class QWeight:
+    """A quantized [N, K] weight: `data` uint8 [N, row_bytes] contiguous on the CPU, `qtype` its GGML type."""
+
+    data: torch.Tensor
+    qtype: int
+    shape: tuple[int, int]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the weight holds in memory."""
+        return self.data.numel()
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The whole weight as a [N, K] tensor of fp32 (bit for bit gguf's dequantize) or bf16."""
+        return _dequantize(self, None, dtype)
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Rows `ids` (any shape of integers in [0, N)) as [*ids.shape, K]: an embedding lookup."""
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        return _dequantize(self, flat, dtype).reshape(*ids.shape, self.shape[1])
+
+
+def qweight_from_bytes(data: torch.Tensor | np.ndarray, qtype: int, n: int, k: int) -> QWeight:
+    """A QWeight over `data`'s bytes (n rows of k weights of GGML type `qtype`), shared, not copied, when already a
+    contiguous uint8 CPU tensor; ValueError when the sizes do not match."""
+    rb = row_bytes(qtype, k)
+    if isinstance(data, np.ndarray):
+        arr = np.ascontiguousarray(data).view(np.uint8)
+        with warnings.catch_warnings():   # a read-only memmap (GGUFReader's) is shared as is; nothing writes it
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.from_numpy(arr)
+    if data.device.type != "cpu":
+        raise ValueError(f"quantized weights live on the CPU, not {data.device}")
+    if data.dtype != torch.uint8:
+        data = data.contiguous().view(torch.uint8)
+    if data.numel() != n * rb:
+        raise ValueError(f"a {type_name(qtype)} weight of {n} x {k} is {n * rb} bytes ({rb} a row), "
+                         f"not {data.numel()}")
+    return QWeight(data.contiguous().reshape(n, rb), qtype, (n, k))
+
+
+def _threads() -> int:
+    return max(1, torch.get_num_threads())
+
+
+def _check(rc: int, what: str, w: QWeight) -> None:
+    if rc:
+        raise RuntimeError(f"{what} on a {type_name(w.qtype)} weight {w.shape} failed (code {rc})")
+
+
+def _dequantize(w: QWeight, ids: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"dequantize gives float32 or bfloat16, not {dtype}")
+    n, k = w.shape
+    count = n if ids is None else ids.numel()
+    if ids is not None and count and (int(ids.min()) < 0 or int(ids.max()) >= n):
+        raise ValueError(f"row ids must be in [0, {n}); got {int(ids.min())}..{int(ids.max())}")
+    lib = load()
+    if lib is None:
+        rows = w.data if ids is None else w.data[ids]
+        return torch.from_numpy(_np_dequantize(rows.numpy(), w.qtype).reshape(count, k)).to(dtype)
+    out = torch.empty(count, k, dtype=dtype)
+    rc = lib.quant_dequantize_rows(w.qtype, w.data.data_ptr(), w.data.shape[1], n, k,
+                                   None if ids is None else ids.data_ptr(), 0, count, out.data_ptr(),
+                                   int(dtype == torch.bfloat16), k, _threads())
+    _check(rc, "dequantize", w)
+    return out
+
+
+def _np_dequantize(data: np.ndarray, qtype: int) -> np.ndarray:
+    import gguf
+    if qtype == GGML_TYPES["BF16"]:
+        return (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return gguf.quants.dequantize(data, gguf.GGMLQuantizationType(qtype))
+
+
+def qmatmul(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ W.T (+ bias): x [..., K] fp32 or bf16 (last dim contiguous, rows any stride), W quantized [N, K];
+    the result [..., N] in x's dtype, or written into `out` (fp32 or bf16, last dim contiguous, rows any stride,
+    e.g. a column slice of a wider buffer), which is returned."""
+    n, k = w.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"x has {x.shape[-1]} features; the {type_name(w.qtype)} weight takes {k}")
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"qmatmul takes float32 or bfloat16 activations, not {x.dtype}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    if x2.shape[0] and x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if out is None:
+        out = torch.empty(*lead, n, dtype=x.dtype)
+    if out.shape != (*lead, n) or out.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"out must be float32 or bfloat16 of shape {(*lead, n)}, not {out.dtype} {tuple(out.shape)}")
+    y2 = out.view(-1, n) if out.dim() != 2 else out
+    if y2.shape[0] and y2.stride(-1) != 1:
+        raise ValueError("out's last dimension must be contiguous")
+    if bias is not None:
+        if bias.shape != (n,):
+            raise ValueError(f"bias must have shape ({n},), not {tuple(bias.shape)}")
+        bias = bias.detach().to(torch.float32).contiguous()
+    b = x2.shape[0]
+    if b == 0:
+        return out
+    lib = load()
+    if lib is None:
+        y2.copy_(torch.nn.functional.linear(x2.float(), w.dequantize(), bias))
+        return out
+    rc = lib.quant_qmatmul(w.qtype, w.data.data_ptr(), w.data.shape[1], n, k, x2.data_ptr(),
+                           int(x2.dtype == torch.bfloat16), x2.stride(0), b, y2.data_ptr(),
+                           int(y2.dtype == torch.bfloat16), y2.stride(0),
+                           None if bias is None else bias.data_ptr(), _threads())
+    _check(rc, "qmatmul", w)
+    return out
+
+
+def quantize(w: torch.Tensor, qtype: int) -> QWeight:
+    """A float [N, K] weight (fp32 or bf16) quantized to Q8_0 or Q4_0 (the same bytes as gguf.quants.quantize) or
+    Q4_K (per 32-weight scale and minimum, 6-bit multiples of fp16 block scales, nearest of 16 levels)."""
+    if qtype not in QUANTIZABLE:
+        raise ValueError(f"quantize makes {', '.join(type_name(t) for t in QUANTIZABLE)}, not {type_name(qtype)}")
+    if w.dim() != 2:
+        raise ValueError(f"quantize takes a [N, K] weight, not shape {tuple(w.shape)}")
+    n, k = w.shape
+    rb = row_bytes(qtype, k)
+    x = w.detach().to("cpu", torch.float32).contiguous()
+    if not torch.isfinite(x).all():
+        raise ValueError("quantize: the weight holds inf or NaN")
+    data = torch.empty(n, rb, dtype=torch.uint8)
+    lib = load()
+    if lib is None:
+        if qtype == GGML_TYPES["Q4_K"]:
+            raise RuntimeError("quantizing to Q4_K needs the C kernels (no C compiler here); use q8_0")
+        import gguf
+        data.copy_(torch.from_numpy(gguf.quants.quantize(x.numpy(), gguf.GGMLQuantizationType(qtype))))
+    else:
+        rc = lib.quant_quantize_rows(qtype, x.data_ptr(), n, k, k, data.data_ptr(), _threads())
+        if rc:
+            raise RuntimeError(f"quantize to {type_name(qtype)} failed (code {rc})")
+    return QWeight(data, qtype, (n, k))
+
+
+# tokens (rows of x) above which QuantLinear dequantizes the weight and calls torch's matmul instead of qmatmul;
+# see the NOTE in QuantLinear.forward
+DENSE_FROM_TOKENS = 32
+
+
+class QuantLinear(torch.nn.Module):
+    """nn.Linear over a quantized weight: qmatmul for few tokens (decode), dequantize + torch matmul for many.
+
+    NOTE: the weight is dequantized per call above DENSE_FROM_TOKENS (no dense copy is kept: that would undo the
+    memory saving); measured figures in benchmarks/quant_matmul.py."""
+
+    def __init__(self, qweight: QWeight, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.qweight = qweight
+        self.out_features, self.in_features = qweight.shape
+        self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in_features] fp32 or bf16 -> [..., out_features] in x's dtype."""
+        tokens = x.numel() // max(1, self.in_features)
+        if tokens <= DENSE_FROM_TOKENS:
+            return qmatmul(x, self.qweight, self.bias)
+        w = self.qweight.dequantize(x.dtype)
+        return torch.nn.functional.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"qtype={type_name(self.qweight.qtype)}, bias={self.bias is not None}")
