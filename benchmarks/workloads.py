@@ -255,9 +255,11 @@ def spec_rows(fig: dict) -> list[str]:
     out = []
     for r in fig.get("workloads", []):
         method = r.get("spec", {}).get("method", "?")
+        acceptance = "no drafts" if r["acceptance"] is None else f"acceptance {r['acceptance']:.2f}"
+        same = "greedy outputs identical" if r["greedy_identical"] else "**greedy outputs differ**"
         out.append(f"| speculation on vs off, {r['workload']} ({method}) | {r['on_tok_s']:.1f} tok/s on | "
                    f"{r['off_tok_s']:.1f} off | {r['ratio']:.2f}× wall, {r['cpu_ratio']:.2f}× CPU per token, "
-                   f"acceptance {r['acceptance']}, greedy identical: {r['greedy_identical']} |")
+                   f"{acceptance}, {same} |")
     return out
 
 

@@ -130,3 +130,15 @@ def test_a_run_whose_output_holds_no_figures_fails(tmp_path, monkeypatch):
     assert run_module.main(["speculation", "--out", str(tmp_path / "r.jsonl")]) == 1
     line = json.loads((tmp_path / "r.jsonl").read_text())
     assert line["workload"] == "speculation" and line["rows"] == [] and line["command"].endswith("--rounds 3")
+
+
+def test_speculation_rows_from_its_json_lines():
+    row = {"workload": "retry", "spec": {"method": "suffix"}, "on_tok_s": 300.0, "off_tok_s": 100.0, "ratio": 3.0,
+           "cpu_ratio": 2.9, "acceptance": 1.0, "greedy_identical": True}
+    text = "  copy model step 0 loss 5.0 (1 s)\n" + json.dumps(row) + "\n" + json.dumps(
+        {**row, "workload": "w1", "spec": {"method": "ngram"}, "acceptance": None, "greedy_identical": False})
+    assert workloads.spec_rows(workloads.spec_parse(text)) == [
+        "| speculation on vs off, retry (suffix) | 300.0 tok/s on | 100.0 off | 3.00× wall, 2.90× CPU per token, "
+        "acceptance 1.00, greedy outputs identical |",
+        "| speculation on vs off, w1 (ngram) | 300.0 tok/s on | 100.0 off | 3.00× wall, 2.90× CPU per token, "
+        "no drafts, **greedy outputs differ** |"]
