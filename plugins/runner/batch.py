@@ -77,7 +77,45 @@ def build_step(plan: SchedulePlan, block_size: int, device: torch.device, num_gr
 
 
 def _build(plan: SchedulePlan, block_size: int, device: torch.device, num_groups: int) -> StepBatch:
+    """The batch built from scratch: order the chunks, flatten their tokens, then the KV slots each reads
+    and writes (paged group, KV groups 1..) and the fresh groups' spans."""
     chunks = plan.chunks
+    paged, fresh_by_len = _split(chunks)
+    order = paged + [i for q in sorted(fresh_by_len) for i in fresh_by_len[q]]
+    rows = _flatten(chunks, order)
+    table = _padded(rows.tables)
+    pos_t = _longs(rows.pos)
+    seq_t = _longs(rows.seq)
+    sampled = _sampled_rows(plan, rows.last_row)
+    n = len(rows.ids)
+    batch = StepBatch(
+        input_ids=_longs(rows.ids).view(1, -1).to(device),
+        positions=pos_t.view(1, -1).to(device),
+        slot_mapping=_new_slots(table, seq_t, pos_t, block_size).to(device),
+        sample_rows=None if len(sampled) == n and sampled == list(range(n)) else _longs(sampled).to(device),
+        num_sampled=len(sampled),
+        num_paged=0,
+    )
+    if rows.prompt_rows:
+        batch.prompt_rows = _longs(rows.prompt_rows).to(device)
+        batch.prompt_targets = rows.prompt_targets
+        batch.prompt_spans = rows.prompt_spans
+    ar = _add_paged(batch, chunks, paged, table, seq_t, pos_t, block_size, device) if paged else None
+    for g in range(1, num_groups):
+        gtable = _padded([chunks[i].request.extra[GROUP_TABLES][g - 1] for i in order])
+        batch.group_slot_mapping.append(_new_slots(gtable, seq_t, pos_t, block_size).to(device))
+        batch.group_paged_slots.append(
+            _context_slots(gtable[:len(paged)], ar, block_size).to(device) if ar is not None else None)
+    row = batch.num_paged
+    for q in sorted(fresh_by_len):
+        k = len(fresh_by_len[q])
+        batch.fresh.append(FreshGroup(row, k, q))
+        row += k * q
+    return batch
+
+
+def _split(chunks: list[Any]) -> tuple[list[int], dict[int, list[int]]]:
+    """Chunk indices of the paged group (read earlier K/V), and of the fresh prompts by their length."""
     paged: list[int] = []
     fresh_by_len: dict[int, list[int]] = {}
     for i, c in enumerate(chunks):
@@ -87,16 +125,26 @@ def _build(plan: SchedulePlan, block_size: int, device: torch.device, num_groups
             fresh_by_len.setdefault(c.num_new_tokens, []).append(i)
         else:
             paged.append(i)
-    order = paged + [i for q in sorted(fresh_by_len) for i in fresh_by_len[q]]
+    return paged, fresh_by_len
 
-    ids: list[int] = []
-    pos: list[int] = []
-    seq: list[int] = []
-    tables: list[list[int]] = []
-    last_row = [0] * len(chunks)
-    prompt_rows: list[int] = []
-    prompt_targets: list[int] = []
-    prompt_spans: list[tuple[int, int, int]] = []
+
+@dataclass(slots=True)
+class FlatRows:
+    """The step's tokens in flat-row order, as Python lists (one tensor each is made from them)."""
+
+    ids: list[int] = field(default_factory=list)
+    pos: list[int] = field(default_factory=list)
+    seq: list[int] = field(default_factory=list)        # the flat row's request, in `order`
+    tables: list[list[int]] = field(default_factory=list)
+    last_row: list[int] = field(default_factory=list)   # per chunk in plan order: its last flat row
+    prompt_rows: list[int] = field(default_factory=list)
+    prompt_targets: list[int] = field(default_factory=list)
+    prompt_spans: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+def _flatten(chunks: list[Any], order: list[int]) -> FlatRows:
+    rows = FlatRows(last_row=[0] * len(chunks))
+    ids, pos, seq, tables, last_row = rows.ids, rows.pos, rows.seq, rows.tables, rows.last_row
     for k, i in enumerate(order):
         c = chunks[i]
         req = c.request
@@ -112,71 +160,61 @@ def _build(plan: SchedulePlan, block_size: int, device: torch.device, num_groups
         tables.append(req.block_table)
         last_row[i] = len(ids) - 1
         if req.params.prompt_logprobs is not None:
-            # NOTE: row p scores prompt token p + 1; rows already scored (before a preemption) are skipped.
-            lo, hi = max(s, len(req.prompt_logprobs)), min(e, req.num_prompt_tokens - 1)
-            if lo < hi:
-                first = len(ids) - c.num_new_tokens + lo - s
-                prompt_rows.extend(range(first, first + hi - lo))
-                prompt_targets.extend(req.all_token_ids[lo + 1:hi + 1])
-                prompt_spans.append((i, hi - lo, req.params.prompt_logprobs))
+            _score_prompt(rows, i, req, s, e, len(ids) - c.num_new_tokens)
     if len(order) < len(chunks):
         index = {id(c.request): i for i, c in enumerate(chunks)}
         for i, c in enumerate(chunks):
             if c.fork_of is not None:
                 last_row[i] = last_row[index[id(c.fork_of)]]
-    width = max(len(t) for t in tables)
-    table = _longs([b for t in tables for b in t + [0] * (width - len(t))]).view(len(tables), width)
-    pos_t = _longs(pos)
-    seq_t = _longs(seq)
-    slot_mapping = table[seq_t, pos_t // block_size] * block_size + pos_t % block_size
+    return rows
 
+
+def _score_prompt(rows: FlatRows, i: int, req: Any, s: int, e: int, first_row: int) -> None:
+    """Chunk i (positions s..e at flat rows from `first_row`) asks for prompt logprobs: its rows that score
+    a prompt token. NOTE: row p scores prompt token p + 1; rows already scored (before a preemption) are
+    skipped."""
+    lo, hi = max(s, len(req.prompt_logprobs)), min(e, req.num_prompt_tokens - 1)
+    if lo < hi:
+        first = first_row + lo - s
+        rows.prompt_rows.extend(range(first, first + hi - lo))
+        rows.prompt_targets.extend(req.all_token_ids[lo + 1:hi + 1])
+        rows.prompt_spans.append((i, hi - lo, req.params.prompt_logprobs))
+
+
+def _sampled_rows(plan: SchedulePlan, last_row: list[int]) -> list[int]:
+    """The flat rows whose logits are sampled, in plan order."""
     if plan.num_draft_tokens:   # a chunk with a draft is verified at its last 1 + len(draft) rows
-        sampled = [r for i, c in enumerate(chunks) if c.sample
-                   for r in range(last_row[i] - len(c.draft or ()), last_row[i] + 1)]
-    else:
-        sampled = [last_row[i] for i, c in enumerate(chunks) if c.sample]
-    identity = len(sampled) == len(ids) and sampled == list(range(len(ids)))
-    batch = StepBatch(
-        input_ids=_longs(ids).view(1, -1).to(device),
-        positions=pos_t.view(1, -1).to(device),
-        slot_mapping=slot_mapping.to(device),
-        sample_rows=None if identity else _longs(sampled).to(device),
-        num_sampled=len(sampled),
-        num_paged=0,
-    )
-    if prompt_rows:
-        batch.prompt_rows = _longs(prompt_rows).to(device)
-        batch.prompt_targets = prompt_targets
-        batch.prompt_spans = prompt_spans
-    if paged:
-        n_seq = len(paged)
-        q_lens = [chunks[i].num_new_tokens for i in paged]
-        ctx = [chunks[i].request.num_computed_tokens + q for i, q in zip(paged, q_lens)]
-        max_ctx = max(ctx)
-        ar = torch.arange(max_ctx)
-        nb = (max_ctx + block_size - 1) // block_size
-        slots = _context_slots(table[:n_seq, :nb], ar, block_size)
-        n_tok = sum(q_lens)
-        batch.num_paged = n_tok
-        batch.paged_token_seq = seq_t[:n_tok].to(device)
-        batch.paged_token_pos = pos_t[:n_tok].to(device)
-        batch.paged_slots = slots.to(device)
-        batch.paged_ctx_lens = ctx
-        batch.paged_q_lens = q_lens
-    for g in range(1, num_groups):
-        gt = [chunks[i].request.extra[GROUP_TABLES][g - 1] for i in order]
-        gw = max(len(t) for t in gt)
-        gtable = _longs([b for t in gt for b in t + [0] * (gw - len(t))]).view(len(gt), gw)
-        batch.group_slot_mapping.append(
-            (gtable[seq_t, pos_t // block_size] * block_size + pos_t % block_size).to(device))
-        batch.group_paged_slots.append(
-            _context_slots(gtable[:len(paged), :nb], ar, block_size).to(device) if paged else None)
-    row = batch.num_paged
-    for q in sorted(fresh_by_len):
-        n = len(fresh_by_len[q])
-        batch.fresh.append(FreshGroup(row, n, q))
-        row += n * q
-    return batch
+        return [r for i, c in enumerate(plan.chunks) if c.sample
+                for r in range(last_row[i] - len(c.draft or ()), last_row[i] + 1)]
+    return [last_row[i] for i, c in enumerate(plan.chunks) if c.sample]
+
+
+def _add_paged(batch: StepBatch, chunks: list[Any], paged: list[int], table: torch.Tensor, seq_t: torch.Tensor,
+               pos_t: torch.Tensor, block_size: int, device: torch.device) -> torch.Tensor:
+    """The paged group's view (its tokens are flat rows [0, num_paged)); returns the context positions
+    0..max_ctx-1 its slots cover, for the other KV groups' slots."""
+    q_lens = [chunks[i].num_new_tokens for i in paged]
+    ctx = [chunks[i].request.num_computed_tokens + q for i, q in zip(paged, q_lens)]
+    ar = torch.arange(max(ctx))
+    n_tok = sum(q_lens)
+    batch.num_paged = n_tok
+    batch.paged_token_seq = seq_t[:n_tok].to(device)
+    batch.paged_token_pos = pos_t[:n_tok].to(device)
+    batch.paged_slots = _context_slots(table[:len(paged)], ar, block_size).to(device)
+    batch.paged_ctx_lens = ctx
+    batch.paged_q_lens = q_lens
+    return ar
+
+
+def _padded(tables: list[list[int]]) -> torch.Tensor:
+    """[S, widest] block tables, short ones padded with block 0 (never read: past their context)."""
+    width = max(len(t) for t in tables)
+    return _longs([b for t in tables for b in t + [0] * (width - len(t))]).view(len(tables), width)
+
+
+def _new_slots(table: torch.Tensor, seq_t: torch.Tensor, pos_t: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[T] the slot each flat row's new K/V is written to."""
+    return table[seq_t, pos_t // block_size] * block_size + pos_t % block_size
 
 
 def _longs(values: list[int]) -> torch.Tensor:
