@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from keys_util import write_keys
+from playwright.async_api import async_playwright  # the test extra: a broken install is an error, not a skip
 
 from modelcall.events import ToolExecuted
 from modelcall.testing.server import server_for_test
@@ -40,7 +41,6 @@ async def browser_page(tmp_path):
     if exe is None:
         pytest.skip("no chromium found (looked at $MODELCALL_CHROMIUM, chromium on PATH, /usr/bin/chromium); "
                     "install it with `apt-get install -y chromium` (.ci/run does)")
-    from playwright.async_api import async_playwright
 
     async with async_playwright() as pw:
         ctx = await pw.chromium.launch_persistent_context(

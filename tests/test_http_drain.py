@@ -51,7 +51,11 @@ def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0():
             t.start()
         assert all(e.wait(60) for e in started)
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
+        # event order, not a sleep: once /ready says 503 the server is draining (the streams still run)
+        deadline = time.monotonic() + 30
+        while httpx.get(url + "/ready").status_code != 503:
+            assert time.monotonic() < deadline, "the server never started draining after SIGTERM"
+            time.sleep(0.02)
         refused = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
         assert refused.status_code == 503 and int(refused.headers["Retry-After"]) >= 1
         assert refused.json()["error"]["message"]
