@@ -55,7 +55,7 @@ class KernelConfig(msgspec.Struct, kw_only=True):
     # (core/speculative.py); None: speculation off.
     speculative_config: dict | None = None
     # vLLM's --async-scheduling: step N's output stage runs while step N+1's forward computes
-    # (core/overlap.py, Engine._overlapped); stops and aborts land one step late, the extra token dropped.
+    # (core/engine.py, a mode of Engine._step); stops and aborts land one step late, the extra token dropped.
     # Off by default: not yet shown a gain on 2 shared cores (benchmarks/overlap_w1.py, w2_serve_vs_vllm.sh).
     async_scheduling: bool = False
     plugin_config: dict[str, dict] = {}

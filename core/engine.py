@@ -1,20 +1,22 @@
-"""The engine loop: schedule → forward (off the event loop) → apply → publish. One task, no task per token.
+"""The engine loop, one task and no task per token, in the order of docs' diagram:
 
-With `async_scheduling` (vLLM's name) the post-processing of step N (output stage: detokenize, stops,
-parsers, filters; then publish) runs while the forward of step N+1 computes: core/overlap.py, whose
-`AsyncScheduling` half of the engine is mixed in here.
+    admit → schedule → prefill / decode (+ sample, off the event loop) → apply → publish
+
+With `async_scheduling` (vLLM's name) the loop holds each step after its apply and publishes it (its
+output stage: detokenize, stops, parsers, filters; then its events) once the next step's forward has
+started, so post-processing step N overlaps the forward of step N+1 (see `Engine._step`).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import anyio
 
 from modelcall.core.output import OutputState, Released
-from modelcall.core.overlap import AsyncScheduling
 from modelcall.core.plan import SchedulePlan, StepOutput
 from modelcall.core.request import Request, Status
 from modelcall.core.stages import KVCachePolicy, ModelRunner, Scheduler
@@ -41,7 +43,25 @@ class RequestRecord:
         self.last_token: float | None = None
 
 
-class Engine(AsyncScheduling):
+PendingToken = tuple[RequestRecord, int, Any]  # (record, token, its logprobs): its output stage still to run
+
+
+class HeldStep:
+    """A step applied but not yet published: the tokens whose output stage is still to run (async
+    scheduling only), its events so far, its StepDone and its time."""
+
+    __slots__ = ("todo", "events", "done", "t")
+
+    def __init__(self, todo: list[PendingToken], events: list, done: StepDone, t: float) -> None:
+        self.todo, self.events, self.done, self.t = todo, events, done, t
+
+    @property
+    def feeds_sampler(self) -> bool:
+        """A held token's request has logits processors (see `Engine._admit`)."""
+        return any(rec.request.logits_processors for rec, _, _ in self.todo)
+
+
+class Engine:
     """Owns the step loop. Requests enter through `add`, leave through `abort` or their stop."""
 
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, kv: KVCachePolicy, bus: EventBus,
@@ -63,8 +83,10 @@ class Engine(AsyncScheduling):
         self._executor: ThreadPoolExecutor | None = None
         # Speculative decoding (core/speculative.py), set by the kernel when configured: None is off.
         self.speculator: Any = None
-        # Post-process step N while step N+1's forward runs (set by the kernel from its config).
+        # Post-process step N while step N+1's forward runs (set by the kernel from its config); the
+        # loop reads it once, when it starts (`_overlap`: on, and the event loop is asyncio).
         self.async_scheduling = False
+        self._overlap = False
         self._in_flight = False               # a forward is running: ended requests keep their blocks
         self._deferred: list[Request] = []    # ended while a forward ran: scheduler.finish once it is done
 
@@ -92,97 +114,109 @@ class Engine(AsyncScheduling):
     def num_unfinished(self) -> int:
         return len(self.records) + len(self._inbox)
 
-    # ---- the loop -------------------------------------------------------------------------
+    # ---- the loop: admit → schedule → prefill / decode (+ sample) → apply → publish -----
 
     async def run(self) -> None:
+        """Steps until stopped. With async scheduling (`_overlap`), step N is *held* after its apply:
+        its output stage runs and its events go out once step N+1's forward has started."""
         self.alive = True
+        self._overlap = self._overlap_ok()
+        held: HeldStep | None = None
         try:
             while not self._stopping:
-                self._take_inbox()
-                if not self.scheduler.has_work():
-                    if not self._inbox and not self._aborts:
-                        self._wake = anyio.Event()
-                        await self._wake.wait()
+                held = self._admit(held)
+                if held is None and not self.scheduler.has_work():
+                    await self._idle()
                     continue
-                if self._overlap_ok():
-                    await self._overlapped()
-                else:
-                    await self.step()
+                held = await self._step(held)
         finally:
-            self.alive = False
             self._forward_returned()
+            if held is not None:
+                self._publish(held)
+            self.alive = False
             self._abort_all("abort")
             if self._executor is not None:
                 self._executor.shutdown(wait=False)
                 self._executor = None
 
-    async def step(self) -> None:
+    def _admit(self, held: HeldStep | None) -> HeldStep | None:
+        """Arrivals join the scheduler; aborts land once no held step still has their tokens to post-process
+        (so a metered token is always an emitted one)."""
+        self._take_arrivals()
+        if held is not None and held.feeds_sampler:
+            # NOTE: a logits processor (a grammar) may be fed by an observer of TokensEmitted
+            # (plugins/structured prefetches masks so): that token must be published before the
+            # next sampler runs, so the held step's post-processing goes first.
+            self._publish(held)
+            held = None
+        if held is None:
+            self._take_aborts()
+        return held
+
+    async def _idle(self) -> None:
+        if not self._inbox and not self._aborts:
+            self._wake = anyio.Event()
+            await self._wake.wait()
+
+    async def _step(self, held: HeldStep | None) -> HeldStep | None:
+        """One engine step; returns it held (async scheduling) or None (published already).
+
+        Async scheduling: after step N's forward its tokens are appended at once (step N+1's inputs need
+        them), then step N+1 is scheduled and its forward started, and only then does step N's output
+        stage run (detokenize, stops, parsers, filters) and its events go out. A request the output
+        stage ends there was already given a row of step N+1: it is FINISHED at once (its Finished event
+        counts the tokens up to N), its blocks are freed once that forward is done, and its step N+1
+        token is dropped unseen. A request whose length limit ends it is post-processed at once, so it
+        is never scheduled past its limit.
+        """
         t0 = now()
-        plan = self.scheduler.schedule()
+        plan = self.scheduler.schedule() if self.scheduler.has_work() else SchedulePlan()
         t1 = now()
         events: list[Any] = []
         self._note_scheduling(plan, t1, events)
-        if not plan:
+        forward = self._start_forward(plan) if plan else None
+        if held is not None:
+            self._publish(held)  # step N's output stage, while step N+1's forward computes
+        if self._overlap or forward is None:
+            self.bus.publish(events)
+            events = []
+        if forward is None:
             # Nothing fits this step (e.g. every block held by requests being aborted): yield to
             # let aborts and new arrivals in rather than spinning.
-            self.bus.publish(events)
-            await anyio.sleep(0.001)
-            return
+            if self.scheduler.has_work():
+                await anyio.sleep(0.001)
+            return None
         try:
-            output = await self._forward(plan)
+            output = await forward
         except Exception as e:  # the step failed: fail its requests, keep the engine alive
+            self._forward_returned()
             self._fail_step(plan, e, events)
             self.bus.publish(events)
-            return
+            return None
         t2 = now()
-        self._apply(plan, output, t2, events)
-        events.append(self._step_done(plan, output, t0, t1, t2))
-        self.bus.publish(events)
+        self._forward_returned()
+        if self._overlap:
+            self._take_aborts()
+        todo = self._apply(plan, output, t2, events)
+        step = HeldStep(todo, events, self._step_done(plan, output, t0, t1, t2), t2)
+        if self._overlap:
+            self._abort_stale()
+            return step
+        self._publish(step)
         self._abort_stale()
+        return None
 
-    def _fail_step(self, plan: SchedulePlan, e: Exception, events: list) -> None:
-        log.exception("model step failed")
-        self.last_error = f"{type(e).__name__}: {e}"
-        for chunk in plan.chunks:
-            self._fail(chunk.request, type(e).__name__, str(e), events)
+    def _publish(self, step: HeldStep) -> None:
+        """A step's deferred output stage (async scheduling: its tokens not at their limit) and its
+        events, its StepDone last."""
+        events, t = step.events, step.t
+        for rec, token, lp in step.todo:
+            if rec.request.status is not Status.FINISHED:
+                self._emit(rec, token, lp, t, events)
+        events.append(step.done)
+        self.bus.publish(events)
 
-    def _step_done(self, plan: SchedulePlan, output: StepOutput, t0: float, t1: float, t2: float) -> StepDone:
-        """Count the step and describe it (schedule from t0, forward from t1, applied from t2)."""
-        self.step_count += 1
-        kv_usage = 1.0 - self.kv.num_free_blocks() / self.kv.num_blocks
-        return StepDone(step=self.step_count, num_tokens=plan.num_tokens, num_requests=len(plan.chunks),
-                        num_waiting=self.scheduler.num_waiting, num_running=self.scheduler.num_running,
-                        kv_usage=kv_usage, schedule_s=t1 - t0, forward_s=output.forward_s or (t2 - t1),
-                        step_s=now() - t0)
-
-    def _abort_stale(self) -> None:
-        """Every 64 steps: abort requests whose stream nobody has read for consumer_timeout_s."""
-        if self.step_count % 64 == 0:
-            for rid in self.bus.stale_streams(now(), self.consumer_timeout_s):
-                self.abort(rid)
-
-    def _worker(self) -> ThreadPoolExecutor:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="modelcall-step")
-        return self._executor
-
-    async def _forward(self, plan: SchedulePlan) -> StepOutput:
-        """Run the step's forward in the engine's worker thread.
-
-        NOTE: anyio.to_thread.run_sync yields to the event loop *before* handing work to its thread,
-        so every consumer the last step woke (an SSE handler per streaming request) would run before
-        this forward starts, serializing front-end work with the model. On asyncio the plan is
-        handed over first and the consumers run while the forward computes.
-        """
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # another anyio backend
-            return await anyio.to_thread.run_sync(self.runner.execute, plan)
-        return await loop.run_in_executor(self._worker(), self.runner.execute, plan)
-
-    def _take_inbox(self) -> None:
-        self._take_arrivals()
-        self._take_aborts()
+    # ---- admit: arrivals join the scheduler, aborts end requests between forwards -------
 
     def _take_arrivals(self) -> None:
         if self._inbox:
@@ -201,6 +235,8 @@ class Engine(AsyncScheduling):
                     self._finish(rec, rec.output.close(reason), now(), events)
             self.bus.publish(events)
 
+    # ---- schedule -----------------------------------------------------------------------
+
     def _note_scheduling(self, plan: SchedulePlan, t: float, events: list) -> None:
         for req in plan.preempted:
             events.append(Preempted(request_id=req.request_id, task_id=req.task_id, ts=t,
@@ -212,24 +248,86 @@ class Engine(AsyncScheduling):
                 events.append(RequestScheduled(request_id=req.request_id, task_id=req.task_id, ts=t,
                                                cached_tokens=req.num_cached_tokens))
 
-    def _apply(self, plan: SchedulePlan, output: StepOutput, t: float, events: list) -> None:
+    # ---- prefill / decode: one forward of the plan, sampling included, in the worker thread ---
+
+    def _overlap_ok(self) -> bool:
+        """Async scheduling needs the plan handed to the worker thread at once (asyncio, see `_start_forward`)."""
+        if not self.async_scheduling:
+            return False
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return True
+
+    def _worker(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="modelcall-step")
+        return self._executor
+
+    def _start_forward(self, plan: SchedulePlan) -> Awaitable[StepOutput]:
+        """Hand `plan` to the engine's worker thread (prefill and decode rows in one forward, then
+        sampling); from here until it is awaited, ended requests keep their blocks.
+
+        NOTE: anyio.to_thread.run_sync yields to the event loop *before* handing work to its thread,
+        so every consumer the last step woke (an SSE handler per streaming request) would run before
+        this forward starts, serializing front-end work with the model. On asyncio the plan is
+        handed over first and the consumers run while the forward computes.
+        """
+        self._in_flight = True
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # another anyio backend
+            return anyio.to_thread.run_sync(self.runner.execute, plan)
+        return loop.run_in_executor(self._worker(), self.runner.execute, plan)
+
+    def _forward_returned(self) -> None:
+        """The forward handed over by `_start_forward` is done: requests ended meanwhile free their blocks."""
+        self._in_flight = False
+        if self._deferred:
+            deferred, self._deferred = self._deferred, []
+            for req in deferred:
+                self.scheduler.finish(req)
+
+    def _fail_step(self, plan: SchedulePlan, e: Exception, events: list) -> None:
+        log.exception("model step failed")
+        self.last_error = f"{type(e).__name__}: {e}"
+        for chunk in plan.chunks:
+            self._fail(chunk.request, type(e).__name__, str(e), events)
+
+    # ---- apply: tokens join their requests, through each one's output stage -------------
+
+    def _apply(self, plan: SchedulePlan, output: StepOutput, t: float, events: list) -> list[PendingToken]:
+        """Computed counts, K/V commits and the sampled tokens appended, each through its output stage;
+        with async scheduling only the forward-critical half: returns the tokens whose output stage
+        waits for `_publish` (a token at its request's limit goes through at once, so a request is
+        never scheduled past its limit)."""
         logprobs = output.logprobs
         spec = output.spec_tokens
+        todo: list[PendingToken] = []
         for i, chunk in enumerate(plan.chunks):
             req = chunk.request
+            if req.status is Status.FINISHED:  # ended while this forward ran (async scheduling): row dropped
+                continue
             if spec is not None and spec[i] is not None:
+                # NOTE: a verified draft goes through the output stage now, token by token (a stop may
+                # end it mid-draft), so the next schedule proposes from the request's final tokens.
                 self._apply_draft(chunk, spec[i], t, events)
                 continue
             self._computed(chunk, output, i, t, events)
             token = output.token_ids[i]
-            if token is None or req.status is Status.FINISHED:
-                if req.max_tokens == 0 and req.num_computed_tokens >= req.num_prompt_tokens and not req.is_finished:
-                    rec = self.records[req.request_id]  # scored, nothing to generate (max_tokens 0)
-                    self._finish(rec, rec.output.close("length"), t, events)
-                continue
             rec = self.records[req.request_id]
+            if token is None:
+                if req.max_tokens == 0 and req.num_computed_tokens >= req.num_prompt_tokens:
+                    self._finish(rec, rec.output.close("length"), t, events)  # scored, nothing to generate
+                continue
             self._append(rec, token, t, events)
-            self._emit(rec, token, logprobs[i] if logprobs is not None else None, t, events)
+            lp = logprobs[i] if logprobs is not None else None
+            if self._overlap and req.num_output_tokens < req.max_tokens and req.num_tokens < self.window:
+                todo.append((rec, token, lp))
+            else:
+                self._emit(rec, token, lp, t, events)
+        return todo
 
     def _computed(self, chunk: Any, output: StepOutput, i: int, t: float, events: list) -> None:
         """Chunk i's tokens are computed: count them, key newly full blocks, keep any prompt logprobs."""
@@ -340,6 +438,23 @@ class Engine(AsyncScheduling):
         req.finish_reason = "error"
         events.append(RequestFailed(request_id=req.request_id, task_id=req.task_id, error_type=error_type,
                                     message=message))
+
+    # ---- publish: the step's end --------------------------------------------------------
+
+    def _step_done(self, plan: SchedulePlan, output: StepOutput, t0: float, t1: float, t2: float) -> StepDone:
+        """Count the step and describe it (schedule from t0, forward from t1, applied from t2)."""
+        self.step_count += 1
+        kv_usage = 1.0 - self.kv.num_free_blocks() / self.kv.num_blocks
+        return StepDone(step=self.step_count, num_tokens=plan.num_tokens, num_requests=len(plan.chunks),
+                        num_waiting=self.scheduler.num_waiting, num_running=self.scheduler.num_running,
+                        kv_usage=kv_usage, schedule_s=t1 - t0, forward_s=output.forward_s or (t2 - t1),
+                        step_s=now() - t0)
+
+    def _abort_stale(self) -> None:
+        """Every 64 steps: abort requests whose stream nobody has read for consumer_timeout_s."""
+        if self.step_count % 64 == 0:
+            for rid in self.bus.stale_streams(now(), self.consumer_timeout_s):
+                self.abort(rid)
 
     def _abort_all(self, reason: str) -> None:
         events: list[Any] = []

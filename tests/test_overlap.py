@@ -1,4 +1,4 @@
-"""Async scheduling (core/overlap.py, Engine._overlapped): step N's output stage runs while step N+1's
+"""Async scheduling (core/engine.py, Engine._step's held step): step N's output stage runs while step N+1's
 forward computes, and it changes nothing a client can see: greedy outputs equal transformers' under
 chunked prefill and preemption, stops and aborts land exactly (no token past a stop is emitted or
 metered, each request's events in order, every block given back), and the overlap really happens
