@@ -6,6 +6,7 @@ qmatmul is compared in float64 with x @ dequantize(W).T: per activation row, max
 accumulation over K <= 2048 products of values of similar size, summed in a different order: ~1e-6 seen)."""
 from __future__ import annotations
 
+import functools
 import os
 import platform
 
@@ -195,6 +196,18 @@ def test_two_threads_split_the_rows(kernel, threads, name):
     assert w.dequantize().numpy().tobytes() == ref.tobytes()
 
 
+@functools.lru_cache(maxsize=None)
+def real_tensors(path: str) -> dict[str, tuple[np.ndarray, int]]:
+    """name -> (the first 96 rows of the file's first 2-D tensor of that type, K); the file read once (Gemma's
+    262k-token vocabulary makes GGUFReader take ~20 s here)."""
+    out = {}
+    for t in gguf.GGUFReader(path).tensors:
+        name = t.tensor_type.name
+        if len(t.shape) == 2 and name in T and name not in out:
+            out[name] = (np.array(t.data[:96]), int(t.shape[0]))
+    return out
+
+
 REAL = [(SMOLLM, "Q4_1"), (SMOLLM, "Q8_0"), (GEMMA, "Q5_0"), (GEMMA, "Q4_K"), (GEMMA, "Q6_K"), (GEMMA, "Q8_0")]
 
 
@@ -204,10 +217,7 @@ def test_real_tensors_from_gguf_files(kernel, path, name):
     independent): dequantized bit for bit as gguf, and the matmul."""
     if not os.path.exists(path):
         pytest.skip(f"{path} is absent (the real GGUF files are downloaded by hand into {MODELS})")
-    reader = gguf.GGUFReader(path)
-    t = next(t for t in reader.tensors if t.tensor_type == T[name] and len(t.shape) == 2)
-    k = int(t.shape[0])
-    raw = np.asarray(t.data[:96])
+    raw, k = real_tensors(path)[name]
     w = Q.qweight_from_bytes(raw, T[name], raw.shape[0], k)
     ref = reference(raw, name)
     assert w.dequantize().numpy().tobytes() == ref.tobytes()
@@ -221,7 +231,7 @@ def test_quantize_makes_ggufs_bytes(kernel, name):
     rng = np.random.default_rng(7)
     w = (rng.standard_normal((9, 256)) * 0.1).astype(np.float32)
     w[1, :32] = 0
-    w[2, :32] = np.arange(32) - 15.5
+    w[2, :32] = np.concatenate([[127.0], np.arange(31) - 15.5])   # d = 1: x * id lands on .5 (half away from 0)
     w[3, :32] = np.linspace(-1, 0.5, 32)
     w[4] *= 1e-5                                     # fp16 subnormal scales
     got = Q.quantize(torch.from_numpy(w), T[name])
