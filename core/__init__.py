@@ -23,12 +23,14 @@ from modelcall.core.params import SamplingParams
 from modelcall.core.plan import ModelSpec, ScheduledChunk, SchedulePlan, StepOutput
 from modelcall.core.policies import EvictionPolicy, KeyedWaitingQueue, WaitingQueue
 from modelcall.core.request import Request, Status
+from modelcall.core.submit import GenerateRequest
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Completion", "ConfigError", "ContextOverflow", "EvictionPolicy", "InvalidRequest", "Kernel", "KernelConfig",
-    "KeyedWaitingQueue", "ModelNotFound", "ModelSpec", "ModelcallError", "Overloaded", "PluginError", "PluginHost",
+    "Completion", "ConfigError", "ContextOverflow", "EvictionPolicy", "GenerateRequest", "InvalidRequest", "Kernel",
+    "KernelConfig", "KeyedWaitingQueue", "ModelNotFound", "ModelSpec", "ModelcallError", "Overloaded", "PluginError",
+    "PluginHost",
     "Request", "RequestHandle", "SamplingParams", "ScheduledChunk", "SchedulePlan", "Status", "StepOutput",
     "Unavailable", "WaitingQueue", "__version__", "hookimpl", "hookspec",
 ]

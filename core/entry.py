@@ -3,9 +3,9 @@
     caller → validate → render → tokenize → context budget → input filters
            → permissions (model, tools, priority, cache scope) → quota reservation → admit
 
-`Kernel.submit` runs `Entry.run` and then admits what it returns; `Kernel.count_tokens` runs the
-same steps up to the quota (a count is one request for rpm, no tokens). Text, chat messages,
-token ids, Anthropic and Responses requests differ only in how a front end fills `EntryInput`;
+`Kernel.submit_choice` (every submit) runs `Entry.run` and then admits what it returns; `Kernel.count_tokens`
+runs the same steps up to the quota (a count is one request for rpm, no tokens). Text, chat messages,
+token ids, Anthropic and Responses requests differ only in how a front end fills the `GenerateRequest`;
 a front end decides nothing that a step here decides. Every refusal is a core error (a 4xx),
 published once as `RequestRejected` naming the step, so the ledger and /metrics see it.
 """
@@ -28,34 +28,31 @@ from modelcall.core.params import SamplingParams
 from modelcall.core.permissions import cache_salt, check_model, check_tools, effective_priority
 from modelcall.core.prompt import chat_token_ids, prompt_token_ids_of, resolve_max_tokens
 from modelcall.core.safety import check_input
+from modelcall.core.submit import Choice, GenerateRequest
 from modelcall.events import RequestRejected
 
 
 class EntryInput(msgspec.Struct, kw_only=True):
-    """One request as a front end translated it: exactly one of `prompt`, `messages`, `prompt_token_ids`."""
+    """One request on its way through the entry steps: the request as its caller gave it (never changed
+    here), and what the steps resolve from it and from the exchange."""
 
+    request: GenerateRequest
     request_id: str
-    prompt: str | None = None
-    messages: list[dict] | None = None
-    prompt_token_ids: list[int] | None = None
-    tools: list[dict] | None = None
-    chat_template_kwargs: dict | None = None
-    params: SamplingParams | None = None
-    param_fields: dict[str, Any] = {}  # loose sampling fields, when `params` is not given
-    priority: int | None = None       # as requested; the permission step decides what it runs at
-    cache_salt: str | None = None     # as requested; the permission step scopes it to the caller
-    tool_choice: Any = None
-    response_format: Any = None
-    parallel_tool_calls: bool | None = None
-    tool_parser: str | None = None
-    logits_processors: tuple[Any, ...] = ()
+    params: SamplingParams | None = None  # the validate step's, from request.params or request.param_fields
+    caller: Caller | None = None          # the request's, or the exchange's
     task_id: str | None = None
     context_policy: str | None = None
     retries: int = 0
-    sequences: int = 1                # sequences this submit adds to its client call (n of the first choice)
-    fork_of: str | None = None        # n > 1: the request whose prompt this choice shares; the prompt is charged there
-    caller: Caller | None = None
+    sequences: int = 1                    # sequences this submit adds to its client call (n of the first choice)
+    fork_of: str | None = None            # n > 1: the choice whose prompt this one shares (and is charged to)
     exchange: Exchange | None = None
+
+    @classmethod
+    def of(cls, request: GenerateRequest, request_id: str, choice: Choice, exchange: Exchange | None) -> EntryInput:
+        r = request
+        return cls(request=r, request_id=request_id, params=r.params, caller=r.caller, task_id=r.task_id,
+                   context_policy=r.context_policy, retries=r.retries, sequences=choice.sequences,
+                   fork_of=choice.fork_of, exchange=exchange)
 
 
 class Entered(msgspec.Struct, kw_only=True):
@@ -88,7 +85,7 @@ class Entry:
             step = "validate"
             params, policy = self._validate(inp)
             step = "render"  # render, tokenize (and for chat the budget) share one worker-thread hop
-            if inp.messages is not None and inp.prompt is None and inp.prompt_token_ids is None:
+            if inp.request.messages is not None and inp.request.prompt is None and inp.request.prompt_token_ids is None:
                 at = [step]
                 try:
                     max_tokens, parts, context, ids = await self._chat(inp, params, policy, at)
@@ -165,19 +162,20 @@ class Entry:
 
     def _validate(self, inp: EntryInput) -> tuple[SamplingParams, str]:
         if inp.params is None:
-            inp.params = SamplingParams.create(**inp.param_fields)
-        elif inp.param_fields:
-            raise InvalidRequest(f"give either params or sampling fields, not both: {sorted(inp.param_fields)}")
+            inp.params = SamplingParams.create(**inp.request.param_fields)
+        elif inp.request.param_fields:
+            raise InvalidRequest(f"give either params or sampling fields, not both: {sorted(inp.request.param_fields)}")
         params = inp.params
         admitted = inp.exchange.sequences if inp.exchange is not None else 0
-        check_caps(self.kernel.config, inp.messages, inp.tools, params, admitted, inp.sequences)
+        check_caps(self.kernel.config, inp.request.messages, inp.request.tools, params, admitted, inp.sequences)
         return params, check_policy(inp.context_policy)
 
     async def _tokens(self, inp: EntryInput) -> list[int]:
         k = self.kernel
         try:
-            return await prompt_token_ids_of(k.tokenizer, k.spec.vocab_size, inp.prompt, inp.messages, inp.tools,
-                                             inp.prompt_token_ids, inp.chat_template_kwargs)
+            r = inp.request
+            return await prompt_token_ids_of(k.tokenizer, k.spec.vocab_size, r.prompt, r.messages, r.tools,
+                                             r.prompt_token_ids, r.chat_template_kwargs)
         except ModelcallError:
             raise
         except Exception as e:
@@ -188,7 +186,8 @@ class Entry:
         """render → tokenize → context budget of a chat prompt, in one worker-thread hop; `at[0]`
         follows the step (so a refusal names the right one)."""
         k = self.kernel
-        tok, messages, tools, kw = k.tokenizer, inp.messages, inp.tools, inp.chat_template_kwargs
+        r = inp.request
+        tok, messages, tools, kw = k.tokenizer, r.messages, r.tools, r.chat_template_kwargs
         assert messages is not None
 
         def work() -> Any:
@@ -218,34 +217,34 @@ class Entry:
         k = self.kernel
         if not k.safety_filters:
             return
-        if inp.prompt_token_ids is not None:
+        if inp.request.prompt_token_ids is not None:
             texts = await _decoded(k.tokenizer, ids)
-        elif inp.prompt is not None:
-            texts = [inp.prompt]
+        elif inp.request.prompt is not None:
+            texts = [inp.request.prompt]
         else:
-            texts = [message_text(m) for m in inp.messages or ()]
+            texts = [message_text(m) for m in inp.request.messages or ()]
         blocked = check_input(k.safety_filters, texts)
         if blocked is not None:
             raise ContentBlocked(*blocked)
 
     def _permissions(self, inp: EntryInput, caller: Caller | None) -> tuple[int, str | None]:
         check_model(caller, self.kernel.model_names)
-        check_tools(caller, tool_names(inp.tools))
-        return effective_priority(caller, inp.priority), cache_salt(caller, inp.cache_salt)
+        check_tools(caller, tool_names(inp.request.tools))
+        return effective_priority(caller, inp.request.priority), cache_salt(caller, inp.request.cache_salt)
 
     async def _prepare_tools(self, inp: EntryInput) -> Any:
         k = self.kernel
         if k.tools is None:
             return None
-        eos, ts = k.spec.eos_token_ids | k.tokenizer.eos_token_ids, k.tools
-        if not (inp.tools or inp.tool_choice is not None or inp.response_format is not None or inp.tool_parser
-                or inp.logits_processors):
+        eos, ts, r = k.spec.eos_token_ids | k.tokenizer.eos_token_ids, k.tools, inp.request
+        if not (r.tools or r.tool_choice is not None or r.response_format is not None or r.tool_parser
+                or r.logits_processors):
             return None  # NOTE: nothing to parse or constrain (what prepare returns then), no thread hop
         return await anyio.to_thread.run_sync(lambda: ts.prepare(
-            request_id=inp.request_id, task_id=inp.task_id, eos_token_ids=eos, tools=inp.tools,
-            tool_choice=inp.tool_choice, response_format=inp.response_format,
-            parallel_tool_calls=inp.parallel_tool_calls, tool_parser=inp.tool_parser,
-            logits_processors=inp.logits_processors))
+            request_id=inp.request_id, task_id=inp.task_id, eos_token_ids=eos, tools=r.tools,
+            tool_choice=r.tool_choice, response_format=r.response_format,
+            parallel_tool_calls=r.parallel_tool_calls, tool_parser=r.tool_parser,
+            logits_processors=r.logits_processors))
 
     def _reserve(self, inp: EntryInput, caller: Caller | None, prompt_tokens: int, max_tokens: int,
                  count_only: bool = False) -> None:
@@ -253,7 +252,7 @@ class Entry:
         if not k._reservers:
             return
         adm = Admission(request_id=inp.request_id, task_id=inp.task_id, model=k.model_name, caller=caller,
-                        prompt_tokens=prompt_tokens, max_tokens=max_tokens, tools=tool_names(inp.tools),
+                        prompt_tokens=prompt_tokens, max_tokens=max_tokens, tools=tool_names(inp.request.tools),
                         count_only=count_only)
         for meter in k._reservers:  # a refusal's RequestRejected lets earlier meters release
             meter.reserve(adm)
@@ -296,7 +295,7 @@ def _raise_input_error(e: Exception, inp: EntryInput) -> NoReturn:
     unicode is the input's fault (InvalidRequest, never a 500); anything else (a bug) as it was."""
     if isinstance(e, (ValueError, TypeError, UnicodeError, LookupError)) or _is_template_error(e):
         raise InvalidRequest(f"the prompt could not be prepared: {type(e).__name__}: {e}",
-                             field="messages" if inp.messages is not None else "prompt") from e
+                             field="messages" if inp.request.messages is not None else "prompt") from e
     raise e
 
 

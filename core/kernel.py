@@ -3,13 +3,14 @@
     async with Kernel() as kernel:                     # the built-in demo model
         async for event in kernel.generate("Hello", max_tokens=16):
             ...
+        handles = await kernel.submit_choices(GenerateRequest(prompt="Hi", n=4, params=SamplingParams(seed=7)))
 """
 from __future__ import annotations
 
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import anyio
@@ -20,25 +21,25 @@ from modelcall.core.engine import Engine, RequestRecord
 from modelcall.core.entry import Entered, Entry, EntryInput
 from modelcall.core.errors import ConfigError, ModelNotFound
 from modelcall.core.prompt import answered_calls
-from modelcall.core.handle import Completion, RequestHandle
+from modelcall.core.handle import RequestHandle
 from modelcall.core.host import PluginHost, PluginLike
 from modelcall.core.metering import Caller, Exchange
 from modelcall.core.output import OutputStage
-from modelcall.core.params import SamplingParams
 from modelcall.core.plan import ModelSpec
 from modelcall.core.request import Request
 from modelcall.core import speculative
 from modelcall.core.stages import KVCachePolicy, ModelRunner, Sampler, Scheduler, Tokenizer
+from modelcall.core.submit import Choice, GenerateRequest, Submitting
 from modelcall.core.tooling import ToolSupport
 from modelcall.events import (
-    TERMINAL_EVENTS, Event, EventBus, RequestAdmitted, RequestQueued, RequestRejected, now,
+    TERMINAL_EVENTS, EventBus, RequestAdmitted, RequestQueued, RequestRejected, now,
 )
 
 log = logging.getLogger("modelcall.kernel")
 
 
-class Kernel:
-    """One model, its stages, and the engine loop that serves it."""
+class Kernel(Submitting):
+    """One model, its stages, and the engine loop that serves it (its submit surface: core/submit.py)."""
 
     def __init__(self, config: KernelConfig | None = None, *, plugins: Iterable[PluginLike] = (),
                  blocked: Iterable[str] = (), load_entrypoints: bool = True, **config_fields: Any) -> None:
@@ -83,22 +84,10 @@ class Kernel:
         return self.config.served_model_name or self.spec.name
 
     @property
-    def model_names(self) -> tuple[str, ...]:
-        """Every name of the served model (a key's model allowlist may name any of them)."""
-        return (self.model_name, *self.model_aliases)
-
-    @property
     def window(self) -> int:
         return self.config.max_model_len or self.spec.max_model_len
 
     # ---- lifecycle ------------------------------------------------------------------------
-
-    async def __aenter__(self) -> Kernel:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.stop()
 
     async def start(self) -> None:
         """Assemble every stage from the plugins and start the engine loop.
@@ -235,52 +224,24 @@ class Kernel:
 
     # ---- requests -------------------------------------------------------------------------
 
-    async def submit(self, prompt: str | None = None, *, messages: list[dict] | None = None,
-                     tools: list[dict] | None = None, prompt_token_ids: list[int] | None = None,
-                     params: SamplingParams | None = None, request_id: str | None = None,
-                     task_id: str | None = None, priority: int | None = None, cache_salt: str | None = None,
-                     chat_template_kwargs: dict | None = None, tool_choice: Any = None,
-                     response_format: Any = None, parallel_tool_calls: bool | None = None,
-                     tool_parser: str | None = None, logits_processors: Iterable[Any] = (), caller: Caller | None = None,
-                     exchange: Exchange | None = None, context_policy: str | None = None, retries: int = 0,
-                     sequences: int = 1, fork_of: str | None = None, forks: int = 0,
-                     **param_fields: Any) -> RequestHandle:
-        """Run the entry pipeline (`core/entry.py`) on one request, admit it, and return its handle.
+    async def submit_choice(self, request: GenerateRequest, exchange: Exchange | None = None,
+                            choice: Choice = Choice()) -> RequestHandle:
+        """Run the entry pipeline (`core/entry.py`) on one request, one choice of its call, admit it, and
+        return its handle; `submit` and `submit_choices` (core/submit.py) come here, and so does a
+        replica with the choice its front end sent.
 
         Tools and structured output (OpenAI meanings): with `tools` and `tool_choice` other than
         "none", the model's tool-call parser (or `tool_parser`) turns call markup into
         `TokensEmitted.tool_calls` deltas and `ToolRequested` events, and the request finishes with
         "tool_calls"; `tool_choice` "required" or a named function, and `response_format` json_object
-        or json_schema, add a constraint backend's logits processor. `logits_processors` adds the
-        caller's own (see `Request.logits_processors`).
-
-        Exactly one of `prompt` (text), `messages` (chat, rendered with the model's template,
-        optionally with `tools`) or `prompt_token_ids`. Raises InvalidRequest / ContextOverflow /
-        ContentBlocked / Unauthenticated / PermissionDenied / Overloaded / Unavailable before any
-        compute, each published as `RequestRejected`.
-
-        `caller` (or `exchange.caller`) is the authenticated caller: its key's allowlist, priority
-        floor and cache scope apply, and the meters charge it. `exchange` carries what a front end
-        knew about the client call (task, policy, retries, client address) and collects the handles.
-        `context_policy="drop_oldest"` lets a chat prompt over the window drop its oldest history
-        (the handle's `context` says what went).
-
-        n > 1: `forks` on the first request says how many requests with `fork_of` = its id follow
-        (same prompt ids); it is held until they are admitted (abort it if one is refused), its prompt
-        is prefilled once and its K/V forked to them, and it is charged once (the forks' usage and
-        quota count 0 prompt tokens).
+        or json_schema, add a constraint backend's logits processor.
         """
         received = now()
-        rid = request_id or f"req-{uuid.uuid4().hex[:16]}"
-        inp = EntryInput(request_id=rid, prompt=prompt, messages=messages, prompt_token_ids=prompt_token_ids,
-                         tools=tools, chat_template_kwargs=chat_template_kwargs, params=params,
-                         param_fields=param_fields, priority=priority, cache_salt=cache_salt, tool_choice=tool_choice,
-                         response_format=response_format, parallel_tool_calls=parallel_tool_calls,
-                         tool_parser=tool_parser, logits_processors=tuple(logits_processors), task_id=task_id,
-                         context_policy=context_policy, retries=retries, sequences=sequences, caller=caller,
-                         exchange=exchange, fork_of=fork_of)
+        r = request
+        rid = r.request_id or f"req-{uuid.uuid4().hex[:16]}"
+        inp = EntryInput.of(r, rid, choice, exchange)
         e = await self.entry.run(inp)
-        handle = self._admit(rid, e, received, messages, chat_template_kwargs, (fork_of, forks))
+        handle = self._admit(rid, e, received, r, choice)
         if exchange is not None:
             exchange.handles.append(handle)
         return handle
@@ -291,22 +252,22 @@ class Kernel:
                            exchange: Exchange | None = None) -> int:
         """The prompt's token count, through the same entry steps as `submit` (caller, caps, filters,
         permissions; one request against the caller's rpm) but nothing is admitted."""
-        inp = EntryInput(request_id=f"count-{uuid.uuid4().hex[:16]}", prompt=prompt, messages=messages,
-                         prompt_token_ids=prompt_token_ids, tools=tools, chat_template_kwargs=chat_template_kwargs,
-                         caller=caller, exchange=exchange, sequences=0)
+        request = GenerateRequest(prompt=prompt, messages=messages, prompt_token_ids=prompt_token_ids, tools=tools,
+                                  chat_template_kwargs=chat_template_kwargs, caller=caller)
+        inp = EntryInput.of(request, f"count-{uuid.uuid4().hex[:16]}", Choice(sequences=0), exchange)
         return await self.entry.count(inp)
 
-    def _admit(self, rid: str, e: Entered, received: float, messages: list[dict] | None,
-               chat_template_kwargs: dict | None = None, forking: tuple[str | None, int] = (None, 0)) -> RequestHandle:
+    def _admit(self, rid: str, e: Entered, received: float, r: GenerateRequest, choice: Choice) -> RequestHandle:
         """The last entry step: the request's state, output pipeline, events, and the engine's inbox."""
         ids, params, max_tokens, task_id, caller, prepared = e.ids, e.params, e.max_tokens, e.task_id, e.caller, e.prepared
         priority, cache_salt, parts, context, retries = e.priority, e.cache_salt, e.parts, e.context, e.retries
         req = Request(rid, ids, params, task_id=task_id, priority=priority, arrival=received,
                       cache_salt=cache_salt, max_tokens=max_tokens, eos_token_ids=self.spec.eos_token_ids
                       | self.tokenizer.eos_token_ids)
-        req.fork_of, req.num_forks = forking
+        req.fork_of, req.num_forks = choice.fork_of, choice.forks
         output = self.output_stage.open(req, tool_stream=prepared.stream if prepared is not None else None,
-                                        chat=messages is not None, chat_template_kwargs=chat_template_kwargs)
+                                        chat=r.messages is not None or choice.chat,
+                                        chat_template_kwargs=r.chat_template_kwargs)
         record = RequestRecord(req, output, received, now())
         if prepared is not None:
             req.logits_processors.extend(prepared.processors)
@@ -317,7 +278,7 @@ class Kernel:
                             prompt_tokens=len(ids), max_tokens=max_tokens, priority=priority,
                             caller=caller.name if caller is not None else None, prompt_parts=parts,
                             dropped_messages=context["dropped_messages"] if context else 0, retries=retries,
-                            tool_results=answered_calls(messages)),
+                            tool_results=answered_calls(r.messages)),
             RequestQueued(request_id=rid, task_id=task_id, ts=record.admitted, num_waiting=self.scheduler.num_waiting + 1),
         ))
         self.engine.add(record)
@@ -325,19 +286,6 @@ class Kernel:
         handle.context = context
         handle.prompt_parts = parts
         return handle
-
-    async def generate(self, prompt: str | None = None, **kwargs: Any) -> AsyncIterator[Event]:
-        """Admit a request and yield its events; leaving the loop early aborts it."""
-        handle = await self.submit(prompt, **kwargs)
-        async with handle:
-            async for event in handle:
-                yield event
-
-    async def complete(self, prompt: str | None = None, **kwargs: Any) -> Completion:
-        """Admit a request and wait for its whole completion."""
-        handle = await self.submit(prompt, **kwargs)
-        async with handle:
-            return await handle.result()
 
     def abort(self, request_id: str) -> None:
         """End a request; its stream ends with `Finished(reason="abort")` and its blocks are freed."""

@@ -109,11 +109,13 @@ def test_a_fork_aborted_while_held_leaves_nothing_behind():
 # ---- the kernel: work counted, outputs equal to independent requests ----------------------------------
 
 async def _run_n(kernel: Kernel, ids: list[int], n: int, seed: int, share: bool) -> tuple[list[list[int]], list]:
-    handles = []
-    for i in range(n):
-        fork = ({"fork_of": handles[0].request_id} if handles else {"forks": n - 1}) if share else {}
-        handles.append(await kernel.submit(prompt_token_ids=ids, max_tokens=6, temperature=1.0, seed=seed + i,
-                                           ignore_eos=True, **fork))
+    """n samples: as the n choices of one in-process request (share), or as n requests seeded seed + i."""
+    if share:
+        handles = await kernel.submit_choices(prompt_token_ids=ids, n=n, max_tokens=6, temperature=1.0, seed=seed,
+                                              ignore_eos=True)
+    else:
+        handles = [await kernel.submit(prompt_token_ids=ids, max_tokens=6, temperature=1.0, seed=seed + i,
+                                       ignore_eos=True) for i in range(n)]
     outs = [None] * n
 
     async def read(i: int) -> None:

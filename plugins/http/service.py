@@ -9,10 +9,9 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-import msgspec
-
 from modelcall.core import Kernel, ModelcallError, RequestHandle, SamplingParams
 from modelcall.core.metering import EXCHANGE_KEY, Exchange
+from modelcall.core.submit import GenerateRequest, choice_params
 from modelcall.events import Finished, PositionLogprobs, PromptLogprobs, RequestFailed, TokensEmitted, Usage
 from modelcall.events import ToolRequested
 from modelcall.plugins.http.errors import ApiError
@@ -20,10 +19,6 @@ from modelcall.plugins.http.settings import ServerSettings
 from modelcall.plugins.http.tool_calls import ToolCalls
 
 log = logging.getLogger("modelcall.http")
-
-
-# Arguments every choice of an n>1 request repeats (the prompt itself is tokenized once).
-_PER_CHOICE = ("priority", "cache_salt", "task_id", "tools", "tool_choice", "parallel_tool_calls", "response_format")
 
 
 class ServingContext:
@@ -70,27 +65,16 @@ class ServingContext:
         return list(fn(token_id)) if fn is not None else list(self.token_text(token_id).encode())
 
     async def submit(self, params: Sequence[SamplingParams], **prompt: Any) -> list[RequestHandle]:
-        """Admit one kernel request per entry of `params` (the prompt is tokenized once) through the
-        kernel's entry pipeline; on any refusal, close those already admitted and raise an ApiError."""
-        handles: list[RequestHandle] = []
+        """Admit the n = len(params) choices of one prompt through the kernel's entry pipeline (the kernel
+        prefills the prompt once and forks it, core/submit.py); on any refusal, raise an ApiError.
+        `params` is `sampling_params`' list: choice i's differs from the first's only by its seed."""
+        if any(p != choice_params(params[0], i) for i, p in enumerate(params)):
+            raise ValueError("the choices' sampling params must be sampling_params' (seed + i, nothing else differs)")
         try:
-            for p in params:
-                if handles:
-                    # NOTE: later choices share the first one's prompt: prefilled once, charged once.
-                    prompt = {"prompt_token_ids": handles[0].prompt_token_ids, "fork_of": handles[0].request_id,
-                              **{k: v for k, v in prompt.items() if k in _PER_CHOICE}}
-                    if p.prompt_logprobs is not None:  # the first choice scores the shared prompt
-                        p = msgspec.structs.replace(p, prompt_logprobs=None)
-                elif len(params) > 1:
-                    prompt = {**prompt, "forks": len(params) - 1}  # the others fork its prefill
-                # NOTE: the first choice counts all n against the call's sequence cap, before any runs.
-                handles.append(await self.kernel.submit(params=p, exchange=self.exchange,
-                                                        sequences=0 if handles else len(params), **prompt))
+            request = GenerateRequest.of(params=params[0], n=len(params), **prompt)
+            return await self.kernel.submit_choices(request, exchange=self.exchange)
         except BaseException as e:
-            for h in handles:
-                h.close()
             raise as_api_error(e) from e
-        return handles
 
     async def count_tokens(self, **prompt: Any) -> int:
         """The prompt's token count through the kernel's entry pipeline (counted against the caller's rpm)."""
@@ -122,11 +106,7 @@ def as_api_error(e: BaseException) -> BaseException:
 def sampling_params(fields: dict[str, Any], n: int) -> list[SamplingParams]:
     """One SamplingParams per choice; with a seed, choice i gets seed + i so choices differ reproducibly."""
     base = SamplingParams.create(**{k: v for k, v in fields.items() if v is not None or k == "max_tokens"})
-    if n == 1:
-        return [base]
-    if base.seed is None:
-        return [base] * n
-    return [msgspec.structs.replace(base, seed=(base.seed + i) % 2**63) for i in range(n)]
+    return [choice_params(base, i) for i in range(n)]
 
 
 def unix_time() -> int:

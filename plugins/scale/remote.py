@@ -18,12 +18,15 @@ import uuid
 from typing import Any
 
 import anyio
+import msgspec
 
 from modelcall.core import KernelConfig, RequestHandle
 from modelcall.core.errors import InvalidRequest, Unavailable
 from modelcall.core.host import PluginHost
+from modelcall.core.metering import Exchange
 from modelcall.core.plan import ModelSpec
 from modelcall.core.prefix_keys import prefix_block_keys, root_key
+from modelcall.core.submit import Choice, GenerateRequest, Submitting
 from modelcall.events import EventBus, Finished, RequestFailed, TokensEmitted, Usage, now
 from modelcall.events.codec import from_msgpack
 from modelcall.events.types import TERMINAL_EVENTS, Timings
@@ -36,8 +39,9 @@ REPLICA_HEADER = "x-modelcall-replica"
 ROUTE_BLOCKS = 8  # the prefix a route looks at: enough to tell system prompts and conversations apart
 
 
-class RemoteKernel:
-    """N kernel replicas behind one front end (see module docstring)."""
+class RemoteKernel(Submitting):
+    """N kernel replicas behind one front end (see module docstring); its submit surface is the
+    Kernel's (core/submit.py), with `submit_choice` sent to a replica."""
 
     def __init__(self, config: KernelConfig, *, plugins: tuple = (), blocked: tuple = (), num_replicas: int = 2,
                  ray_address: str | None = None, num_cpus: int | None = None, submit_retries: int = 2,
@@ -61,21 +65,12 @@ class RemoteKernel:
 
     # ---- lifecycle ------------------------------------------------------------------------
 
-    async def __aenter__(self) -> RemoteKernel:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.stop()
-
     async def start(self) -> None:
         self.host = host = PluginHost([*self._plugins, "modelcall.plugins.scale.frontend"], blocked=self._blocked)
         cfg = self.config
         model_dir = cfg.model if cfg.model else await anyio.to_thread.run_sync(
             lambda: host.provide("provide_model_dir", "model", config=cfg))
         # NOTE: the replicas load the directory resolved here (the demo model is built once).
-        import msgspec
-
         replica_cfg = msgspec.to_builtins(msgspec.structs.replace(cfg, model=model_dir))
         with _signals_kept():
             await anyio.to_thread.run_sync(deploy.start_cluster, self.ray_address, self.num_cpus)
@@ -126,36 +121,31 @@ class RemoteKernel:
         return self.config.served_model_name or self._model_name
 
     @property
-    def model_names(self) -> tuple[str, ...]:
-        return (self.model_name, *self.model_aliases)
-
-    @property
     def window(self) -> int:
         return self.config.max_model_len or self._window
 
     # ---- requests -------------------------------------------------------------------------
 
-    async def submit(self, prompt: str | None = None, *, params: Any = None, request_id: str | None = None,
-                     exchange: Any = None, caller: Any = None, logits_processors: Any = (), **fields: Any) -> RequestHandle:
-        """Kernel.submit on the replica the router picks; raises the replica entry's refusals as
-        they are. A replica that dies before answering is retried on another."""
+    async def submit_choice(self, request: GenerateRequest, exchange: Exchange | None = None,
+                            choice: Choice = Choice()) -> RequestHandle:
+        """Kernel.submit_choice on the replica the router picks (a fork on the replica of the choice it
+        forks); raises the replica entry's refusals as they are. A replica that dies before answering
+        is retried on another."""
         if self._draining:
             raise Unavailable("the server is draining (shutting down); retry on another server")
-        if logits_processors:
+        if request.logits_processors:
             raise InvalidRequest("logits processors are Python objects and cannot be sent to a replica",
                                  "logits_processors")
-        rid = request_id or f"req-{uuid.uuid4().hex[:16]}"
-        if prompt is not None:
-            fields["prompt"] = prompt
-        call, route = self._call(rid, fields, params, exchange, caller)
-        pin = self._inflight.get(fields.get("fork_of") or "", (None,))[0]
+        rid = request.request_id or f"req-{uuid.uuid4().hex[:16]}"
+        call, route = self._call(msgspec.structs.replace(request, request_id=rid), exchange, choice)
+        pin = self._inflight.get(choice.fork_of or "", (None,))[0]
         route = RouteKey(keys=route.keys, pin=pin)
         gen, first = await self._first(call, route)
         if isinstance(first, wire.Refused):
             raise wire.rebuild(first)
         assert isinstance(first, wire.Admitted)
         stream = self.bus.open_stream(rid, self.config.stream_capacity)
-        handle = RequestHandle(rid, fields.get("task_id") or (exchange.task_id if exchange else None), stream,
+        handle = RequestHandle(rid, request.task_id or (exchange.task_id if exchange else None), stream,
                                self.abort, first.prompt_token_ids)
         handle.context, handle.prompt_parts = first.context, first.prompt_parts
         handle.response_headers = {REPLICA_HEADER: first.replica}  # type: ignore[attr-defined]
@@ -227,43 +217,42 @@ class RemoteKernel:
 
     async def count_tokens(self, prompt: str | None = None, *, exchange: Any = None, caller: Any = None,
                            **fields: Any) -> int:
-        if prompt is not None:
-            fields["prompt"] = prompt
-        call, route = self._call(f"count-{uuid.uuid4().hex[:16]}", fields, None, exchange, caller)
+        request = GenerateRequest.of(prompt=prompt, caller=caller, **fields)
+        call, route = self._call(request, exchange, Choice(sequences=0))
         reply = wire.decode_reply(await self._handle.count_tokens.remote(call, route=route))
         if isinstance(reply, wire.Refused):
             raise wire.rebuild(reply)
         return reply.tokens  # type: ignore[union-attr]
 
-    def _call(self, rid: str, fields: dict, params: Any, exchange: Any, caller: Any) -> tuple[bytes, RouteKey]:
-        caller = caller or (exchange.caller if exchange is not None else None)
-        call = wire.Call(request_id=rid, fields=fields, params=params, caller=caller,
+    def _call(self, request: GenerateRequest, exchange: Any, choice: Choice) -> tuple[bytes, RouteKey]:
+        caller = exchange.caller if exchange is not None else None
+        call = wire.Call(request=request, choice=choice, caller=caller,
                          task_id=exchange.task_id if exchange is not None else None,
                          context_policy=exchange.context_policy if exchange is not None else None,
                          retries=exchange.retries if exchange is not None else 0,
                          client=exchange.client if exchange is not None else None)
-        return wire.encode(call), RouteKey(keys=tuple(self.route_keys(fields, caller)))
+        return wire.encode(call), RouteKey(keys=tuple(self.route_keys(request, request.caller or caller)))
 
-    def route_keys(self, fields: dict, caller: Any = None) -> list[bytes]:
+    def route_keys(self, request: GenerateRequest, caller: Any = None) -> list[bytes]:
         """Keys of the prompt's first blocks, as the KV cache keys them (the router's input)."""
-        ids = self._route_ids(fields)
+        ids = self._route_ids(request)
         scope = caller.cache_scope if caller is not None else ""
-        root = root_key(self.spec.identity or self.model_name, None, f"{scope}\0{fields.get('cache_salt') or ''}")
+        root = root_key(self.spec.identity or self.model_name, None, f"{scope}\0{request.cache_salt or ''}")
         return prefix_block_keys(ids, self._block_size, root, ROUTE_BLOCKS)
 
-    def _route_ids(self, fields: dict) -> list[int]:
+    def _route_ids(self, request: GenerateRequest) -> list[int]:
         # NOTE: only the first ROUTE_BLOCKS blocks matter: tokenize a bounded head of the text and
         # drop its last token (a cut word may tokenize differently than in the whole prompt).
         head = ROUTE_BLOCKS * self._block_size * 8
-        if fields.get("prompt_token_ids") is not None:
-            return list(fields["prompt_token_ids"])
-        if fields.get("prompt") is not None:
-            return self.tokenizer.encode(str(fields["prompt"])[:head])[:-1]
-        messages = fields.get("messages")
+        if request.prompt_token_ids is not None:
+            return list(request.prompt_token_ids)
+        if request.prompt is not None:
+            return self.tokenizer.encode(str(request.prompt)[:head])[:-1]
+        messages = request.messages
         if messages:
             try:
-                text = self.tokenizer.apply_chat_template(messages, tools=fields.get("tools"),
-                                                          **(fields.get("chat_template_kwargs") or {}))
+                text = self.tokenizer.apply_chat_template(messages, tools=request.tools,
+                                                          **(request.chat_template_kwargs or {}))
             except Exception:  # noqa: BLE001 - the replica's entry reports a bad prompt; route by nothing
                 return []
             return self.tokenizer.encode(text[:head])[:-1]

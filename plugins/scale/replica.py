@@ -48,10 +48,9 @@ class KernelReplica:
     async def generate(self, call: bytes, route: Any = None) -> AsyncIterator[bytes]:
         """Admit the call; yield Admitted (or Refused) and then every event of the request.
         `route` is read by the request router only."""
-        c = wire.decode_call(call)
-        exchange = Exchange(c.caller, c.task_id, c.context_policy, c.retries, c.client)
+        c, exchange = _decoded(call)
         try:
-            handle = await self.kernel.submit(request_id=c.request_id, params=c.params, exchange=exchange, **c.fields)
+            handle = await self.kernel.submit_choice(c.request, exchange, c.choice)
         except ModelcallError as e:
             yield wire.encode(wire.refusal(e))
             return
@@ -64,10 +63,13 @@ class KernelReplica:
             handle.close()  # NOTE: cancelled mid-stream -> the kernel aborts it and frees its blocks
 
     async def count_tokens(self, call: bytes, route: Any = None) -> bytes:
-        c = wire.decode_call(call)
-        exchange = Exchange(c.caller, c.task_id, c.context_policy, c.retries, c.client)
+        c, exchange = _decoded(call)
         try:
-            n = await self.kernel.count_tokens(exchange=exchange, **c.fields)
+            r = c.request
+            n = await self.kernel.count_tokens(r.prompt, messages=r.messages, tools=r.tools,
+                                               prompt_token_ids=r.prompt_token_ids,
+                                               chat_template_kwargs=r.chat_template_kwargs, caller=r.caller,
+                                               exchange=exchange)
         except ModelcallError as e:
             return wire.encode(wire.refusal(e))
         return wire.encode(wire.Counted(replica=self.name, tokens=n))
@@ -113,6 +115,12 @@ class KernelReplica:
         await self.kernel.drain(5.0)
         self._stop.set()
         await self._life
+
+
+def _decoded(call: bytes) -> tuple[wire.Call, Exchange]:
+    """The call, and the Exchange the front end knew it in (its caller, task, policy, retries, client)."""
+    c = wire.decode_call(call)
+    return c, Exchange(c.caller, c.task_id, c.context_policy, c.retries, c.client)
 
 
 def _actor_name() -> str:

@@ -13,17 +13,16 @@ import msgspec
 
 from modelcall.core import errors
 from modelcall.core.metering import Caller
-from modelcall.core.params import SamplingParams
+from modelcall.core.submit import Choice, GenerateRequest
 from modelcall.events.codec import Codec
 
 
 class Call(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
-    """One `Kernel.submit` (or `count_tokens`) as data: its plain keyword arguments, the sampling
-    params, and the Exchange's fields (the caller the front end authenticated)."""
+    """One `Kernel.submit_choice` (or `count_tokens`) as data: the typed request (its id set), where it
+    stands among its call's choices, and the Exchange's fields (the caller the front end authenticated)."""
 
-    request_id: str
-    fields: dict[str, Any] = {}
-    params: SamplingParams | None = None
+    request: GenerateRequest
+    choice: Choice = Choice()
     caller: Caller | None = None
     task_id: str | None = None
     context_policy: str | None = None
