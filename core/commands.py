@@ -42,8 +42,12 @@ def add_kernel_options(parser: argparse.ArgumentParser) -> None:
     """
     d = KernelConfig()
     g = parser.add_argument_group("model and engine")
-    g.add_argument("--model", metavar="DIR|ORG/NAME",
-                   help="Hugging Face model directory or hub id (default: the built-in demo model)")
+    g.add_argument("--model", metavar="DIR|FILE.gguf|ORG/NAME",
+                   help="Hugging Face model directory, GGUF file, hub id, or a built-in name: smollm2, gemma3-270m, "
+                        "trained (the tool demo), random (default: smollm2, SmolLM2-135M-Instruct)")
+    g.add_argument("--gguf-file", metavar="NAME", help="which GGUF file of a directory or hub snapshot holding several")
+    g.add_argument("--quantization", choices=["q8_0", "q4_k"],
+                   help="quantize a safetensors model's linear weights at load (default: keep them as stored)")
     g.add_argument("--revision", help="hub id only: branch, tag or commit (default: main)")
     g.add_argument("--download-dir", metavar="DIR", help="hub id only: cache folder (default: HF_HUB_CACHE or HF_HOME/hub)")
     g.add_argument("--tokenizer", dest="tokenizer_dir", metavar="DIR",
@@ -91,7 +95,7 @@ def add_kernel_options(parser: argparse.ArgumentParser) -> None:
 
 
 # option dest -> KernelConfig field, for the options whose value is used as given
-_FIELDS = {"model": "model", "revision": "revision", "download_dir": "download_dir", "tokenizer_dir": "tokenizer_dir",
+_FIELDS = {"model": "model", "gguf_file": "gguf_file", "quantization": "quantization", "revision": "revision", "download_dir": "download_dir", "tokenizer_dir": "tokenizer_dir",
            "chat_template": "chat_template", "served_model_name": "served_model_name", "dtype": "dtype",
            "kv_cache_dtype": "kv_cache_dtype", "device": "device", "threads": "threads",
            "max_model_len": "max_model_len", "block_size": "block_size", "num_kv_blocks": "num_kv_blocks",

@@ -16,7 +16,10 @@ class KernelConfig(msgspec.Struct, kw_only=True):
     scheduler admits in (`core/policies.py`).
     """
 
-    model: str | None = None            # a Hugging Face model directory or hub id (org/name); None: the demo model
+    model: str | None = None            # a Hugging Face model directory, a GGUF file (or a directory holding one),
+                                        # a hub id (org/name); None: the default model (SmolLM2-135M-Instruct, GGUF)
+    gguf_file: str | None = None        # which GGUF file of a directory or hub snapshot holding several
+    quantization: str | None = None     # safetensors weights quantized at load: q8_0 | q4_k (None: as stored)
     revision: str | None = None         # hub id only: branch, tag or commit (default: main)
     download_dir: str | None = None     # hub id only: the cache folder (default: HF_HUB_CACHE or HF_HOME/hub)
     tokenizer_dir: str | None = None    # load the tokenizer from here instead of the model directory

@@ -121,7 +121,7 @@ class Kernel(Submitting):
         plugins, blocked, load_eps = self._plugin_args
         self.host = host = PluginHost(plugins, blocked=blocked, load_entrypoints=load_eps)
         cfg = self.config
-        self.model_dir = cfg.model if cfg.model is not None and os.path.isdir(cfg.model) else \
+        self.model_dir = cfg.model if cfg.model is not None and _is_model_dir(cfg.model) else \
             await anyio.to_thread.run_sync(self._find_model_dir)
         await anyio.to_thread.run_sync(self._assemble)
         for _plugin, args, kw in host.collect("register_observers", config=cfg, kernel=self):
@@ -148,18 +148,28 @@ class Kernel(Submitting):
         self.started_at = now()
 
     def _find_model_dir(self) -> str:
-        """No model: the demo model's plugin builds one; not a directory: a plugin may resolve it (the
-        runner's resolves hub ids, org/name)."""
+        """Not a model directory: the plugins resolve it (no model: the default model's plugin; a hub id org/name, a
+        GGUF file, a built-in name: the runner's and the model plugins'). A plugin may answer with another reference
+        (a name resolved to a file), which is resolved again, until a directory with config.json comes back."""
         host, cfg = self.host, self.config
         assert host is not None
-        if cfg.model is None:
-            return host.provide("provide_model_dir", "model", config=cfg)
-        found = host.pm.hook.provide_model_dir(config=cfg)
-        if found is None:
-            raise ModelNotFound(f"model directory {cfg.model!r} does not exist (give a Hugging Face model "
-                                "directory with config.json, a hub id org/name, or no model for the built-in "
-                                "demo model)")
-        return found
+        model = cfg.model
+        for _ in range(4):
+            if model is not None and _is_model_dir(model):
+                return model
+            asked = cfg if model == cfg.model else msgspec.structs.replace(cfg, model=model)
+            if model is None:
+                found = host.provide("provide_model_dir", "model", config=asked)
+            else:
+                found = host.pm.hook.provide_model_dir(config=asked)
+            if found is None:
+                raise ModelNotFound(f"model {model!r} not found: give a Hugging Face model directory with config.json, "
+                                    "a GGUF file, a hub id org/name, a built-in name (smollm2, gemma3-270m, trained, "
+                                    "random), or no model for the default one")
+            if found == model:
+                break
+            model = found
+        raise ModelNotFound(f"model {cfg.model!r} resolved to {model!r}, which is not a model directory")
 
     def _assemble(self) -> None:
         host, cfg = self.host, self.config
@@ -304,3 +314,7 @@ class Kernel(Submitting):
             "observer_errors": dict(self.bus.observer_errors),
         }
 
+
+def _is_model_dir(path: str) -> bool:
+    """A Hugging Face model directory, used as it is (anything else is resolved by the plugins)."""
+    return os.path.isfile(os.path.join(path, "config.json"))

@@ -81,7 +81,10 @@ class Sampler(Protocol):
 
 @runtime_checkable
 class ModelRunner(Protocol):
-    """Runs the model forward over one step's flattened batch and samples next tokens."""
+    """Runs the model forward over one step's flattened batch and samples next tokens.
+
+    Optional attribute `weight_bytes` (int): bytes of model weights the runner holds resident (quantized blocks
+    counted as stored); /metrics reports it as `modelcall:model_weight_bytes` when present."""
 
     spec: ModelSpec
 

@@ -1,9 +1,11 @@
-"""Provides the demo model's directory when no model is configured, and hosts its two tools.
+"""Provides the demo models' directories by name (`--model trained`, `--model random`), and hosts the trained
+one's two tools.
 
-Which demo model: the model trained here (committed in the package, `trained/`; it answers
-arithmetic through the calculator and the weather through get_weather, issue 19), unless the
-environment says `MODELCALL_DEMO_MODEL=random`: the seeded random-weight model built into the user
-cache, which the test suite and the throughput benchmarks use (tests/conftest.py sets it).
+The trained model (committed in the package, `trained/`) answers arithmetic through the calculator and the
+weather through get_weather (issue 19); the random one is the seeded random-weight model built into the user cache
+that the test suite and the throughput benchmarks use. With no model configured the default model is SmolLM2
+(plugins/registry_models), unless `MODELCALL_DEMO_MODEL=trained|random` makes a demo model the default
+(tests/conftest.py sets random).
 """
 from __future__ import annotations
 
@@ -26,10 +28,19 @@ def wanted_kind() -> str:
 
 @hookimpl(trylast=True)
 def provide_model_dir(config: Any) -> str | None:
-    if getattr(config, "model", None):
-        return None
+    """A demo model by name (`--model trained`, `--model random`), or with no model when MODELCALL_DEMO_MODEL
+    names one (the test suite sets random); otherwise the default model is the registry models plugin's."""
     from modelcall.plugins.demo_model import demo_model_dir, trained_model_dir
-    return trained_model_dir() if wanted_kind() == "trained" else demo_model_dir()
+    model = getattr(config, "model", None)
+    if model is None:
+        if not os.environ.get(DEMO_MODEL_ENV, "").strip():
+            return None
+        kind = wanted_kind()
+    elif model in KINDS and not os.path.exists(model):
+        kind = model
+    else:
+        return None
+    return trained_model_dir() if kind == "trained" else demo_model_dir()
 
 
 @hookimpl

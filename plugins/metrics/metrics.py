@@ -130,6 +130,12 @@ class _KernelCollector:
             g = GaugeMetricFamily(P + name, doc, labels=["model_name"])
             g.add_metric(model, float(value))
             yield g
+        weights = getattr(getattr(kernel, "runner", None), "weight_bytes", None)   # optional (core ModelRunner)
+        if weights is not None:
+            g = GaugeMetricFamily(P + "model_weight_bytes", "Bytes of model weights held resident (quantized "
+                                  "blocks as stored).", labels=["model_name"])
+            g.add_metric(model, float(weights))
+            yield g
         for name, doc, key in (("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "queries"),
                                ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", "hits")):
             c = CounterMetricFamily(P + name, doc, labels=["model_name"])

@@ -40,9 +40,11 @@ def cache_dir(download_dir: str | None = None) -> str:
     return os.path.join(os.path.expanduser(home), "hub")
 
 
-def resolve(model_id: str, revision: str | None = None, download_dir: str | None = None) -> str:
+def resolve(model_id: str, revision: str | None = None, download_dir: str | None = None,
+            gguf_file: str | None = None) -> str:
     """The local snapshot directory of `model_id` at `revision` (default: main), downloading what is
-    missing unless offline. Raises ModelNotFound with one line that names the id and what to do."""
+    missing unless offline; with `gguf_file`, that GGUF file of the repository (and no safetensors). Raises
+    ModelNotFound with one line that names the id and what to do."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError,
@@ -52,7 +54,7 @@ def resolve(model_id: str, revision: str | None = None, download_dir: str | None
     at = f"{model_id}@{revision}" if revision else model_id
     try:
         path = snapshot_download(model_id, revision=revision, cache_dir=cache, local_files_only=off,
-                                 allow_patterns=ALLOW)
+                                 allow_patterns=[gguf_file, "*.json"] if gguf_file else ALLOW)
     except GatedRepoError:
         raise ModelNotFound(f"{at} is gated on the Hugging Face hub: accept its terms on the model page and "
                             "log in (huggingface-cli login or HF_TOKEN)") from None
@@ -72,7 +74,8 @@ def resolve(model_id: str, revision: str | None = None, download_dir: str | None
                             "to a cache that holds it") from None
     except OSError as e:  # network failures below huggingface_hub's own errors, a full disk
         raise ModelNotFound(f"{at}: fetching from the Hugging Face hub failed ({e})") from None
-    if not os.path.exists(os.path.join(path, "config.json")):
-        raise ModelNotFound(f"{at} (snapshot {path}) has no config.json: not a transformers checkpoint")
+    if not os.path.exists(os.path.join(path, "config.json")) and not any(n.endswith(".gguf") for n in os.listdir(path)):
+        raise ModelNotFound(f"{at} (snapshot {path}) has no config.json and no GGUF file: not a checkpoint this "
+                            "runner reads")
     log.info("%s resolved to %s", at, path)
     return path

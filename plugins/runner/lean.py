@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from modelcall.plugins.runner import attention, cpu_kernel, fused_ops, packing, plain_decode
+from modelcall.plugins.runner import attention, cpu_kernel, fused_ops, packing, plain_decode, quant
 from modelcall.plugins.runner.batch import StepBatch
 
 log = logging.getLogger("modelcall.runner")
@@ -60,6 +60,8 @@ class Layer:
 
 
 def _linear(mod: Any) -> Linear | None:
+    if isinstance(mod, quant.QuantLinear):   # GGUF or --quantization weights: the quantized kernels
+        return mod.forward   # qmatmul for few tokens, a dequantized tile's GEMM for many (quant.QuantLinear)
     if isinstance(mod, packing.PackedLinear):
         packed, bias = mod.packed, mod.bias
         return lambda x: packing.gemm(x, packed, bias)   # module attribute: benchmarks wrap packing.gemm
@@ -71,7 +73,10 @@ def _linear(mod: Any) -> Linear | None:
 
 def _fused(parts: list[Any]) -> Linear | None:
     """One GEMM for sibling linears: their packing.FusedLinears when they are its parts in order, else (plain
-    nn.Linear, fp32) their weights concatenated."""
+    nn.Linear, fp32) their weights concatenated; quantized ones as one quantized weight (rows concatenated) when
+    they share a block type, else each into its columns of one output."""
+    if all(isinstance(p, quant.QuantLinear) for p in parts):
+        return _fused_quant(parts)
     if all(isinstance(p, packing.FusedPart) for p in parts):
         fused = parts[0].fused
         if all(p.fused is fused and p.index == i for i, p in enumerate(parts)) and len(fused.bounds) == len(parts):
@@ -85,25 +90,53 @@ def _fused(parts: list[Any]) -> Linear | None:
     return None
 
 
+def _fused_quant(parts: list[Any]) -> Linear | None:
+    if len({p.qweight.shape[1] for p in parts}) != 1 or len({p.bias is None for p in parts}) != 1:
+        return None
+    bias = torch.cat([p.bias for p in parts]) if parts[0].bias is not None else None
+    if len({p.qweight.qtype for p in parts}) == 1:   # rows are independent: concatenated blocks are one weight
+        k = parts[0].qweight.shape[1]
+        qw = quant.qweight_from_bytes(torch.cat([p.qweight.data for p in parts]), parts[0].qweight.qtype,
+                                      sum(p.qweight.shape[0] for p in parts), k)
+        return quant.QuantLinear(qw, bias).forward
+    bounds, at = [], 0
+    for p in parts:
+        bounds.append((p.qweight, at, at + p.qweight.shape[0]))
+        at += p.qweight.shape[0]
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > quant.DENSE_FROM_TOKENS:   # prefill: each part's dequantized GEMM
+            return torch.cat([p.forward(x) for p in parts], -1)   # each part adds its own bias
+        out = x.new_empty(x.shape[0], at)
+        for qw, a, b in bounds:   # each part writes its own columns (a row stride of `at`)
+            quant.qmatmul(x, qw, None, out=out[:, a:b])
+        return out if bias is None else out.add_(bias)
+    return run
+
+
 class LeanStack:
     """The decoder of a Llama-like model as one loop over its layers (see the module docstring)."""
 
     def __init__(self, base: torch.nn.Module, layers: list[Layer], eps: float, heads: tuple[int, int, int]) -> None:
-        self.embed = base.embed_tokens.weight
+        embed = base.embed_tokens
+        # token ids -> rows: the table itself, or a quantized table's lookup (gguf_weights.QuantEmbedding)
+        self.lookup: Callable[[torch.Tensor], torch.Tensor] = (
+            (lambda ids, w=embed.weight: F.embedding(ids, w)) if isinstance(embed, torch.nn.Embedding) else embed)
         self.rotary = base.rotary_emb
         self.final_norm = base.norm.weight
         self.layers = layers
         self.eps = eps
         self.num_q, self.num_kv, self.head_dim = heads
-        self.cos = self.sin = self.embed.new_empty(0, self.head_dim)
+        self.cos = self.sin = self.final_norm.new_empty(0, self.head_dim)
         self.plain: plain_decode.DecodeAttention | None = None   # set by build() (plain_decode.py)
 
     def _rope_table(self, positions: int) -> None:
         """cos/sin rows for positions 0..n-1 (n a power of two >= `positions`), as the HF rotary module
         computes them for a forward (per position, in the model's dtype)."""
         n = 1 << max(positions - 1, 1).bit_length()
-        ids = torch.arange(n, device=self.embed.device).unsqueeze(0)
-        cos, sin = self.rotary(self.embed[:1].unsqueeze(0), position_ids=ids)
+        like = self.final_norm
+        ids = torch.arange(n, device=like.device).unsqueeze(0)
+        cos, sin = self.rotary(like[:1].view(1, 1, 1), position_ids=ids)
         self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()
 
     def forward(self, step: StepBatch) -> torch.Tensor:
@@ -112,7 +145,7 @@ class LeanStack:
         top = int(pos.max()) + 1
         if top > self.cos.shape[0]:
             self._rope_table(top)
-        h = F.embedding(ids, self.embed)   # the residual stream: updated in place, or replaced by a GEMM's h + out
+        h = self.lookup(ids)   # the residual stream: updated in place, or replaced by a GEMM's h + out
         tokens = h.shape[0]
         x = torch.empty_like(h)
         eps, nq, nkv, d = self.eps, self.num_q, self.num_kv, self.head_dim
@@ -158,12 +191,13 @@ def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows
     if mode in (False, "off", "false"):
         return None
     embed = getattr(base, "embed_tokens", None)
-    if not isinstance(embed, torch.nn.Embedding):
+    norm = getattr(base, "norm", None)
+    if not isinstance(embed, torch.nn.Embedding) and type(embed).__name__ != "QuantEmbedding" or norm is None:
         return None
-    dtype, device = embed.weight.dtype, embed.weight.device
+    dtype, device = norm.weight.dtype, norm.weight.device
     if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
         return None
-    if mode == "auto" and dtype != torch.bfloat16 and not _packed_fp32(base):
+    if mode == "auto" and dtype != torch.bfloat16 and not _packed_fp32(base) and not _quantized(base):
         return None
     if fused_ops.load() is None:   # built here, not before: fp32 and GPU runners never compile it
         return None
@@ -175,7 +209,8 @@ def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows
     for i, layer in enumerate(base.layers):
         attn, mlp = layer.self_attn, layer.mlp
         qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj])
-        gate_up = _fused([mlp.gate_proj, mlp.up_proj]) if isinstance(mlp.gate_proj, packing.FusedPart) else None
+        gate_up = _fused([mlp.gate_proj, mlp.up_proj]) if isinstance(
+            mlp.gate_proj, (packing.FusedPart, quant.QuantLinear)) else None
         gate, up = (None, None) if gate_up is not None else (_linear(mlp.gate_proj), _linear(mlp.up_proj))
         o, down = _linear(attn.o_proj), _linear(mlp.down_proj)
         if qkv is None or o is None or down is None or (gate_up is None and (gate is None or up is None)):
@@ -246,6 +281,14 @@ def _packed_fp32(base: torch.nn.Module) -> bool:
     return isinstance(getattr(attn, "o_proj", None), packing.PackedLinear)
 
 
+def _quantized(base: torch.nn.Module) -> bool:
+    """Whether the layers' linears are quantized (GGUF weights, or --quantization): auto takes the lean stack then,
+    in fp32 too (the quantized kernels take fp32 activations)."""
+    layers = getattr(base, "layers", None)
+    attn = getattr(layers[0], "self_attn", None) if layers else None
+    return isinstance(getattr(attn, "o_proj", None), quant.QuantLinear)
+
+
 def _unsupported(base: torch.nn.Module, hf_config: Any) -> str | None:
     norm_cls = FAMILIES.get(getattr(hf_config, "model_type", ""))
     if norm_cls is None:
@@ -258,7 +301,7 @@ def _unsupported(base: torch.nn.Module, hf_config: Any) -> str | None:
     if not all(hasattr(base, n) for n in ("embed_tokens", "rotary_emb", "norm", "layers")):
         return "not the embed/rotary/layers/norm model layout"
     eps = {float(base.norm.variance_epsilon)}
-    dtype = base.embed_tokens.weight.dtype
+    dtype = base.norm.weight.dtype
     for layer in base.layers:
         attn = layer.self_attn
         norms = [layer.input_layernorm, layer.post_attention_layernorm, base.norm]

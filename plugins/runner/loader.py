@@ -124,6 +124,9 @@ def model_identity(model_dir: str) -> str:
     for name in sorted(os.listdir(model_dir)):
         if name.endswith((".safetensors", ".bin", ".pt", ".pth")):
             h.update(f"{name}:{os.path.getsize(os.path.join(model_dir, name))}\0".encode())
+    gguf = os.path.join(model_dir, "gguf.json")   # a GGUF file's description: its directory name is its content key
+    if os.path.exists(gguf):
+        h.update(os.path.basename(os.path.normpath(model_dir)).encode())
     return h.hexdigest()[:32]
 
 
@@ -175,6 +178,17 @@ def layer_windows(cfg: Any) -> tuple[int, ...]:
     return (window,) * n
 
 
+def served_name(model_dir: str, model: str | None) -> str:
+    """The model's name in the API: a hub id as given (as vLLM does), a GGUF file by its stem (not the path or the
+    cache directory describing it), a built-in name as given, else the directory's own name."""
+    gguf = read_json(model_dir, "gguf.json")
+    if model and not os.path.exists(os.path.expanduser(model)):
+        return model
+    if gguf.get("gguf_file"):
+        return os.path.basename(gguf["gguf_file"]).removesuffix(".gguf")
+    return os.path.basename(os.path.normpath(model_dir))
+
+
 def build_spec(model_dir: str, config: KernelConfig, cfg: Any, hf_config: dict[str, Any],
                placement: Placement, windows: tuple[int, ...] | None = None) -> ModelSpec:
     """`windows`: each layer's sliding window as observed (runner.probe_layer_windows); None: read from the
@@ -187,9 +201,7 @@ def build_spec(model_dir: str, config: KernelConfig, cfg: Any, hf_config: dict[s
         max_len = config.max_model_len
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     return ModelSpec(
-        # a hub id is served under its own name (as vLLM does), not under its snapshot's hash
-        name=config.model if config.model and not os.path.isdir(config.model) else os.path.basename(
-            os.path.normpath(model_dir)),
+        name=served_name(model_dir, config.model),
         max_model_len=max_len,
         vocab_size=int(cfg.vocab_size),
         num_layers=int(cfg.num_hidden_layers),
@@ -198,6 +210,8 @@ def build_spec(model_dir: str, config: KernelConfig, cfg: Any, hf_config: dict[s
         dtype=str(placement.dtype).removeprefix("torch."),
         device=str(placement.device),
         eos_token_ids=eos_token_ids(model_dir, hf_config),
-        identity=model_identity(model_dir),
+        # weights quantized at load are other weights: no prefix-cache block is shared with the model as stored
+        identity=model_identity(model_dir) if not config.quantization else hashlib.sha256(
+            f"{model_identity(model_dir)}:{config.quantization}".encode()).hexdigest()[:32],
         layer_windows=layer_windows(cfg) if windows is None else windows,
     )

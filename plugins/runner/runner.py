@@ -13,7 +13,9 @@ import torch
 from modelcall.core import ConfigError, KernelConfig, SchedulePlan, StepOutput
 from modelcall.core.plan import kv_groups
 from modelcall.core.stages import Sampler
-from modelcall.plugins.runner import attention, cpu_kernel, cuda_graphs, heap, lean, omp_team
+from modelcall.plugins.runner import (
+    attention, cpu_kernel, cuda_graphs, gguf_file, gguf_weights, heap, lean, omp_team, quant_load,
+)
 from modelcall.plugins.runner.batch import DecodeState, StepBatch, build_step
 from modelcall.plugins.runner.loader import (
     build_spec, check_model_dir, resolve_placement, unsupported_features,
@@ -45,9 +47,20 @@ class TorchModelRunner:
         if bad:
             raise ConfigError(f"{model_dir}: the paged attention kernel does not implement {', '.join(bad)}")
         t0 = time.perf_counter()
-        model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=p.dtype,
-                                                     attn_implementation=attention.NAME)
+        gguf = gguf_file.marker_of(model_dir)
+        if gguf is not None:   # weights from the GGUF file, quantized tensors kept quantized (gguf_weights.py)
+            if p.device.type != "cpu":
+                raise ConfigError(f"{gguf['gguf_file']}: GGUF weights run on CPU (the quantized kernels are C); "
+                                  "use device='cpu'")
+            model = gguf_weights.load_model(model_dir, gguf["gguf_file"], gguf["architecture"], p.dtype,
+                                            attention.NAME)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=p.dtype,
+                                                         attn_implementation=attention.NAME)
+            if config.quantization:
+                quant_load.quantize_model(model, config.quantization, p.device)
         model.to(p.device).eval().requires_grad_(False)
+        self.weight_bytes = quant_load.resident_weight_bytes(model)
         if not getattr(model, "_supports_attention_backend", False):
             raise ConfigError(f"{type(model).__name__} does not route attention through transformers' "
                               "AttentionInterface; the torch runner cannot page its KV cache")
@@ -93,7 +106,10 @@ class TorchModelRunner:
         self.decode_state = DecodeState()   # consecutive decode steps of the same requests: updated, not rebuilt
         self._cpus = cpu_binding(config) if p.device.type == "cpu" else []
         self._bound = threading.local()   # binding is per OS thread: anyio may hand execute() a new worker
-        log.info("loaded %s on %s (%s, kv %s) in %.1fs", model_dir, p.device, p.dtype, p.kv_dtype,
+        log.info("loaded %s on %s (%s, kv %s; weights %.1f MB%s) in %.1fs", gguf["gguf_file"] if gguf else model_dir,
+                 p.device, p.dtype, p.kv_dtype, self.weight_bytes / 1e6,
+                 f", GGUF {os.path.getsize(gguf['gguf_file']) / 1e6:.1f} MB" if gguf else
+                 (f", quantized at load to {config.quantization}" if config.quantization else ""),
                  time.perf_counter() - t0)
         self._release_load_team()
 
