@@ -21,7 +21,8 @@ from playwright.async_api import async_playwright  # the test extra: a broken in
 from modelcall.events import ToolExecuted
 from modelcall.testing.server import server_for_test
 
-pytestmark = pytest.mark.anyio
+# slow tier (`-m slow`, CI's second step): a real browser against a live server
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                "--disable-background-networking", "--disable-component-update", "--disable-sync"]

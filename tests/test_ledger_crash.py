@@ -12,7 +12,10 @@ import time
 from pathlib import Path
 
 import httpx2 as httpx
+import pytest
 
+# slow tier (`-m slow`, CI's second step): a load loop of ~25 s against a server it then kills
+pytestmark = pytest.mark.slow
 MODELCALL = str(Path(sys.executable).parent / "modelcall")
 
 

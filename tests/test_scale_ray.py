@@ -31,6 +31,8 @@ from modelcall.plugins.http.app import create_app  # noqa: E402
 from modelcall.plugins.scale import deploy  # noqa: E402
 from modelcall.plugins.scale.remote import REPLICA_HEADER, RemoteKernel  # noqa: E402
 
+# slow tier (`-m slow`, CI's second step): starting Ray and two replicas is ~70 s of this module's ~90 s
+pytestmark = pytest.mark.slow
 BLOCKED = ("server_tools",)  # no MCP servers here; keeps the replicas' start-up to the kernel itself
 SYSTEMS = [f"You are assistant number {i}. " + "Answer briefly and politely, in plain words. " * 6
            for i in range(8)]
