@@ -52,8 +52,7 @@ void decode_row_fp8(const float *qt, float *dst, float *lse, const uint8_t *kc, 
                 acc[k] = a;
             }
             const __m512 s = _mm512_mul_ps(hsum16(acc), vs);
-            if (nk == 16) _mm512_storeu_ps(scores + hh * len + j0, s);
-            else _mm512_mask_storeu_ps(scores + hh * len + j0, (__mmask16)((1u << nk) - 1), s);
+            store_scores16(scores + hh * len + j0, s, nk);
         }
     }
     float inv[256 + 1];   /* hq <= 256 (checked by the caller) */

@@ -39,26 +39,20 @@ void attend_vec(const float *qt, const uint16_t *qbt, float *ot, const void *kc,
     const int64_t full = len & ~(int64_t)15;
     const __m512 vs = _mm512_set1_ps(scale);
     for (int64_t j0 = 0; j0 < full; j0 += 16) {
-        for (int64_t k = j0 + 16 * PF_BLOCKS; k < j0 + 16 * PF_BLOCKS + 16 && k < len; k++)   /* every line, early */
-            prefetch_l2((const char *)kc + sl[k] * rowlen * es, rowlen * es);
+        prefetch_rows(kc, sl, j0 + 16 * PF_BLOCKS, j0 + 16 * PF_BLOCKS + 16, len, rowlen * es);   /* every line, early */
         for (int64_t hh = 0; hh < hq; hh++)
             _mm512_storeu_ps(scores + hh * len + j0,
                              _mm512_mul_ps(dot16(qt + hh * d, qbt ? qbt + hh * d : NULL, kc, bf16, sl + j0, rowlen,
                                                  (hh / g) * d, d), vs));
     }
-    for (int64_t j = full; j < len; j++)
-        for (int64_t hh = 0; hh < hq; hh++) {
-            const int64_t base = sl[j] * rowlen + (hh / g) * d;
-            __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qt + hh * d), load16(kc, base, bf16));
-            for (int64_t v = 16; v < d; v += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qt + hh * d + v), load16(kc, base + v, bf16), acc);
-            scores[hh * len + j] = _mm512_reduce_add_ps(acc) * scale;
-        }
+    for (int64_t j = full; j < len; j++)   /* the keys past the last block of 16, one at a time */
+        for (int64_t hh = 0; hh < hq; hh++)
+            scores[hh * len + j] = dot_key16(qt + hh * d, kc, sl[j] * rowlen + (hh / g) * d, d, bf16) * scale;
     softmax_rows(scores, hq, len, lse);
     memset(ot, 0, sizeof(float) * (size_t)(hq * d));
     for (int64_t j0 = 0; j0 < len; j0 += 16) {
         const int64_t j1 = j0 + 16 < len ? j0 + 16 : len;
-        for (int64_t k = j0 + 16 * PF_BLOCKS; k < j0 + 16 * PF_BLOCKS + 16 && k < len; k++)
-            prefetch_l2((const char *)vc + sl[k] * rowlen * es, rowlen * es);
+        prefetch_rows(vc, sl, j0 + 16 * PF_BLOCKS, j0 + 16 * PF_BLOCKS + 16, len, rowlen * es);
         for (int64_t hh = 0; hh < hq; hh++) {
             __m512 o[16];
             float *op = ot + hh * d;
@@ -84,24 +78,18 @@ static inline int64_t load_head(__m512 *dst, const void *cache, int64_t off, int
 }
 #endif
 
-/* Prefetch the K or V row of `slot` (rowlen values, fp32 or bf16). */
-static inline void ask_row(const void *cache, int64_t slot, int64_t rowlen, int bf16) {
-    const int64_t bytes = rowlen * (bf16 ? 2 : 4);
-    prefetch_l2((const char *)cache + slot * bytes, bytes);
-}
-
 /* One query token over its whole context, all heads at once: for each context slot the K (then V)
  * rows of every head are one contiguous run of hkv*d values, so the reads stream through memory.
  * scores[hh*len + j] = q_hh . K[j, hh / g] * scale; softmax over j; out_hh = sum_j p_j V[j, hh / g]. */
 void attend(const float *qt, float *ot, const void *kc, const void *vc, int bf16, const int64_t *sl,
                    int64_t len, int64_t hq, int64_t hkv, int64_t d, float scale, float softcap,
                    const float *sinks, float *scores, float *row, float *lse) {
-    const int64_t g = hq / hkv, rowlen = hkv * d;
+    const int64_t g = hq / hkv, rowlen = hkv * d, rowb = rowlen * (bf16 ? 2 : 4);
 #if defined(__AVX512F__)
     const int vec = d % 16 == 0 && d <= 256;
 #endif
     for (int64_t j = 0; j < len; j++) {
-        if (j + PF_AHEAD < len) ask_row(kc, sl[j + PF_AHEAD], rowlen, bf16);   /* the next rows sit in another block */
+        prefetch_rows(kc, sl, j + PF_AHEAD, j + PF_AHEAD + 1, len, rowb);   /* the next rows sit in another block */
         for (int64_t h = 0; h < hkv; h++) {
 #if defined(__AVX512F__)
             if (vec) {
@@ -139,7 +127,7 @@ void attend(const float *qt, float *ot, const void *kc, const void *vc, int bf16
     }
     memset(ot, 0, sizeof(float) * (size_t)(hq * d));
     for (int64_t j = 0; j < len; j++) {
-        if (j + PF_AHEAD < len) ask_row(vc, sl[j + PF_AHEAD], rowlen, bf16);
+        prefetch_rows(vc, sl, j + PF_AHEAD, j + PF_AHEAD + 1, len, rowb);
         for (int64_t h = 0; h < hkv; h++) {
 #if defined(__AVX512F__)
             if (vec) {

@@ -30,8 +30,7 @@ void attend_vec8(const float *qt, float *ot, const void *kc, const void *vc, int
     const int64_t full = len & ~(int64_t)7;
     const __m256 vs = _mm256_set1_ps(scale);
     for (int64_t j0 = 0; j0 < full; j0 += 8) {
-        for (int64_t k = j0 + PF_KEYS; k < j0 + PF_KEYS + 8 && k < len; k++)   /* every line, early */
-            prefetch_l2((const char *)kc + sl[k] * rowlen * es, rowlen * es);
+        prefetch_rows(kc, sl, j0 + PF_KEYS, j0 + PF_KEYS + 8, len, rowlen * es);   /* every line, early */
         for (int64_t hh = 0; hh < hq; hh++) {
             const float *qq = qt + hh * d;
             const int64_t off = (hh / g) * d;
@@ -46,19 +45,14 @@ void attend_vec8(const float *qt, float *ot, const void *kc, const void *vc, int
             _mm256_storeu_ps(scores + hh * len + j0, _mm256_mul_ps(hsum8(acc), vs));
         }
     }
-    for (int64_t j = full; j < len; j++)
-        for (int64_t hh = 0; hh < hq; hh++) {
-            const int64_t base = sl[j] * rowlen + (hh / g) * d;
-            __m256 a = _mm256_mul_ps(_mm256_loadu_ps(qt + hh * d), load8(kc, base, bf16));
-            for (int64_t v = 8; v < d; v += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(qt + hh * d + v), load8(kc, base + v, bf16), a);
-            scores[hh * len + j] = hadd8(a) * scale;
-        }
+    for (int64_t j = full; j < len; j++)   /* the keys past the last block of 8, one at a time */
+        for (int64_t hh = 0; hh < hq; hh++)
+            scores[hh * len + j] = dot_key8(qt + hh * d, kc, sl[j] * rowlen + (hh / g) * d, d, bf16) * scale;
     softmax8_rows(scores, hq, len, lse);
     memset(ot, 0, sizeof(float) * (size_t)(hq * d));
     for (int64_t j0 = 0; j0 < len; j0 += 16) {
         const int64_t j1 = j0 + 16 < len ? j0 + 16 : len;
-        for (int64_t k = j0 + PF_KEYS; k < j0 + PF_KEYS + 16 && k < len; k++)
-            prefetch_l2((const char *)vc + sl[k] * rowlen * es, rowlen * es);
+        prefetch_rows(vc, sl, j0 + PF_KEYS, j0 + PF_KEYS + 16, len, rowlen * es);
         for (int64_t hh = 0; hh < hq; hh++) {
             float *op = ot + hh * d;
             const float *sc = scores + hh * len;

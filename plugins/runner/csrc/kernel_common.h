@@ -22,11 +22,35 @@
 #include <immintrin.h>
 #endif
 
+/* e^x's steps for one vector width (V: the type, S: the intrinsics' prefix, _mm512 or _mm256; ROUND: to the nearest
+ * integer), shared by exp16 and exp8: x clamped at -87 (so 2^n stays a normal number), x = n ln2 + r with ln2 in two
+ * parts, |r| <= ln2/2, and p = e^r by its Taylor polynomial to r^7; the caller multiplies p by 2^n its own way */
+#define EXP_STEPS(V, S, ROUND)                                          \
+    x = S##_max_ps(x, S##_set1_ps(-87.f));                              \
+    const V n = ROUND(S##_mul_ps(x, S##_set1_ps(1.44269504f)));         \
+    V r = S##_fnmadd_ps(n, S##_set1_ps(0.693145751953125f), x);         \
+    r = S##_fnmadd_ps(n, S##_set1_ps(1.428606765330187e-06f), r);       \
+    V p = S##_set1_ps(1.f / 5040.f);                                    \
+    p = S##_fmadd_ps(p, r, S##_set1_ps(1.f / 720.f));                   \
+    p = S##_fmadd_ps(p, r, S##_set1_ps(1.f / 120.f));                   \
+    p = S##_fmadd_ps(p, r, S##_set1_ps(1.f / 24.f));                    \
+    p = S##_fmadd_ps(p, r, S##_set1_ps(1.f / 6.f));                     \
+    p = S##_fmadd_ps(p, r, S##_set1_ps(0.5f));                          \
+    p = S##_fmadd_ps(p, r, S##_set1_ps(1.f));                           \
+    p = S##_fmadd_ps(p, r, S##_set1_ps(1.f));
+
 /* Ask for `bytes` from p (cache rows ahead of their use) into L2: __builtin_prefetch's locality 2 (prefetcht1).
  * NOTE: into L1 (prefetcht0) the requests wait for L1's few miss buffers, and the decode kernels gained nothing over
  * no prefetch at all on a Zen 4 (benchmarks/decode_kernel.sh; PF_DECODE below, attention_rows_avx2.c's PF_KEYS) */
 static inline void prefetch_l2(const void *p, int64_t bytes) {
     for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)p + b, 0, 2);
+}
+
+/* The K or V rows (rowb bytes each) of keys from..to-1 (those < len) at slots sl, into L2: the row kernels' prefetch
+ * of the keys a few blocks ahead (attention_rows.c, attention_rows_avx2.c) */
+static inline void prefetch_rows(const void *cache, const int64_t *sl, int64_t from, int64_t to, int64_t len,
+                                 int64_t rowb) {
+    for (int64_t k = from; k < to && k < len; k++) prefetch_l2((const char *)cache + sl[k] * rowb, rowb);
 }
 
 /* Software prefetch in the blocked decode row kernels (attention_decode.c's decode_row_bf16, attention_decode_avx2.c's
@@ -166,6 +190,13 @@ static inline __m512 hsum16(__m512 *v) {
     return _mm512_permutexvar_ps(idx, z);
 }
 
+/* q . (d values of a K row at `off`, fp32 or bf16), d % 16 == 0: one key's score against one query head */
+static inline float dot_key16(const float *q, const void *kc, int64_t off, int64_t d, int bf16) {
+    __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), load16(kc, off, bf16));
+    for (int64_t v = 16; v < d; v += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + v), load16(kc, off + v, bf16), acc);
+    return _mm512_reduce_add_ps(acc);
+}
+
 /* softmax of each head's `len` scores (rows of `scores`), in place; with `lse`, each head's log-sum-exp of its
  * scores there (lse[hh] = max + log(sum of exp(s - max))): what merging with another part's softmax needs */
 static inline void softmax_rows(float *scores, int64_t hq, int64_t len, float *lse) {
@@ -191,22 +222,17 @@ static inline __m512 dot_bf16(const uint16_t *q, const uint16_t *k, int64_t d) {
 }
 #endif
 
-/* e^x for 16 lanes (x <= 0 here: scores minus their maximum), |relative error| ~1e-7: x = n ln2 + r, |r| <= ln2/2,
- * e^r by its Taylor polynomial to r^7, times 2^n */
+/* e^x for 16 lanes (x <= 0 here: scores minus their maximum), |relative error| ~1e-7 (EXP_STEPS), times 2^n */
+#define ROUND16(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT)
 static inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-    __m512 p = _mm512_set1_ps(1.f / 5040.f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720.f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    EXP_STEPS(__m512, _mm512, ROUND16)
     return _mm512_scalef_ps(p, n);
+}
+
+/* A block's 16 scores to dst (the first nk of them when nk < 16: the last block of a row) */
+static inline void store_scores16(float *dst, __m512 s, int64_t nk) {
+    if (nk == 16) _mm512_storeu_ps(dst, s);
+    else _mm512_mask_storeu_ps(dst, (__mmask16)((1u << nk) - 1), s);
 }
 
 /* Each head's `len` scores (rows of `scores`) become e^(s - max) in place (exp16), their sums' inverses go to
@@ -380,22 +406,11 @@ static inline __m256 hsum8(const __m256 *v) {
     return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
 }
 
-/* e^x for 8 lanes (x <= 0: scores minus their maximum), as exp16: x = n ln2 + r, e^r to r^7, times 2^n (n >= -126
- * after the clamp, so 2^n is a normal number built in the exponent bits) */
+/* e^x for 8 lanes (x <= 0: scores minus their maximum), as exp16 (EXP_STEPS), times 2^n built in the exponent bits
+ * (n >= -126 after the clamp) */
+#define ROUND8(v) _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 static inline __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
-    __m256 p = _mm256_set1_ps(1.f / 5040.f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 720.f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120.f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24.f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6.f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+    EXP_STEPS(__m256, _mm256, ROUND8)
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
@@ -412,6 +427,13 @@ static inline float hadd8(__m256 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
     return _mm_cvtss_f32(s);
+}
+
+/* dot_key16 for 8 lanes, d % 8 == 0 */
+static inline float dot_key8(const float *q, const void *kc, int64_t off, int64_t d, int bf16) {
+    __m256 a = _mm256_mul_ps(_mm256_loadu_ps(q), load8(kc, off, bf16));
+    for (int64_t v = 8; v < d; v += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + v), load8(kc, off + v, bf16), a);
+    return hadd8(a);
 }
 
 /* softmax_rows with exp8: each head's scores in place, and its log-sum-exp when `lse` */
@@ -445,6 +467,13 @@ static inline void softmax8_rows(float *scores, int64_t hq, int64_t len, float *
  * qt: one query token's heads (fp32), dst/ot: its output rows (fp32), sl: its keys' cache slots, lse: each head's
  * log-sum-exp or NULL, scores: [hq][len] scratch. */
 #define KERNEL_LOCAL __attribute__((visibility("hidden")))
+/* The library's one entry with two bodies: block_attention, attention_block.c's with AVX-512 (its head comment is the
+ * contract), attention_block_avx2.c's with AVX2 and FMA, none elsewhere (cpu_kernel.has_block_attention) */
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+void block_attention(const float *q, const uint16_t *qb, void *out, int out_bf16, float *lse, const void *kc,
+                     const void *vc, int bf16, const int64_t *sl, int64_t len, const int64_t *lim, int64_t m,
+                     int64_t hq, int64_t hkv, int64_t d, float scale, int nthreads);
+#endif
 /* attention_rows.c: every variant (window, soft-capping, sinks), any CPU */
 KERNEL_LOCAL void attend(const float *qt, float *ot, const void *kc, const void *vc, int bf16, const int64_t *sl,
                          int64_t len, int64_t hq, int64_t hkv, int64_t d, float scale, float softcap,
