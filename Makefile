@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run generate test wheel-check clean
+.PHONY: install run generate test test-fast test-slow test-clients wheel-check clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -24,12 +24,48 @@ run: install
 generate: install
 	$(VENV)/bin/modelcall generate --prompt "def fibonacci(n):" --max-tokens 48
 
-# PYTEST_ARGS: extra pytest arguments; CI passes the coverage ones (.ci/run), `make test` runs without.
-test: install
-	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+# `make test` runs three steps, each printing its 20 slowest tests and its wall time:
+#   test-fast     all but the slow tier, on $(WORKERS) workers (pytest-xdist)
+#   test-slow     the slow tier (`-m slow`: the Ray replicas, the SIGKILL load loop, the browser), one worker
+#   test-clients  instructor and guidellm, whose pins conflict with the test extra's, in a virtualenv of their own
+# PYTEST_ARGS: extra pytest arguments of the first two; CI passes the coverage ones (.ci/run), which the slow
+# step appends to, so its report covers both.
+# NOTE: two workers are safe: every test server binds port 0; the demo model and the compiled C kernels are
+# built into the user cache under a lock and renamed into place (demo_model/cache.py, core/native.py); tests
+# share no file outside their tmp_path. --dist loadfile keeps each module on one worker, so a module-scoped
+# server is started once, as in one process. The slow tier runs alone: its deadlines assume idle cores.
+WORKERS      ?= 2
+PYTEST       := OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -p no:cacheprovider --durations=20
+CLIENT_TESTS := tests/test_client_instructor.py tests/test_client_guidellm.py
+COV_APPEND   := $(if $(findstring --cov,$(PYTEST_ARGS)),--cov-append)
+# $(call timed,NAME): after a step's command, print its wall time and keep its exit status
+timed = rc=$$?; echo "make test: $(1) took $$(( $$(date +%s) - t0 )) s wall"; exit $$rc
+
+test: test-fast test-slow test-clients
+
+test-fast: install
+	@t0=$$(date +%s); $(PYTEST) -n $(WORKERS) --dist loadfile -m "not slow" $(addprefix --ignore=,$(CLIENT_TESTS)) \
+	  $(PYTEST_ARGS); $(call timed,fast tier on $(WORKERS) workers)
+
+# exit status 5 (no test selected: PYTEST_ARGS named files without slow tests) is not a failure here
+test-slow: install
+	@t0=$$(date +%s); $(PYTEST) -m slow $(PYTEST_ARGS) $(COV_APPEND) || [ $$? -eq 5 ]; $(call timed,slow tier)
+
+# instructor 1.17 wants openai 3.3 / jiter<0.15 and guidellm 0.8 click 8.4 / multidict<7 (the NOTEs in their
+# tests): a virtualenv of their own over the project's (.ci/clients_venv.sh says how, and its time).
+CLIENTS_VENV  ?= .venv-clients
+CLIENTS_STAMP := $(CLIENTS_VENV)/.installed
+
+$(CLIENTS_STAMP): $(STAMP) .ci/clients_venv.sh
+	bash .ci/clients_venv.sh $(CLIENTS_VENV)
+	touch $(CLIENTS_STAMP)
+
+test-clients: $(CLIENTS_STAMP)
+	@t0=$$(date +%s); MODELCALL_REQUIRE_CLIENTS=1 OMP_NUM_THREADS=1 $(CLIENTS_VENV)/bin/python -m pytest -q -p no:cacheprovider \
+	  --durations=5 $(CLIENT_TESTS); $(call timed,clients in $(CLIENTS_VENV))
 
 wheel-check: install
 	bash .ci/wheel_check.sh
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) $(CLIENTS_VENV) build dist *.egg-info
