@@ -173,28 +173,36 @@ def qmatmul(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None,
             out: torch.Tensor | None = None) -> torch.Tensor:
     """x @ W.T (+ bias): x [..., K] fp32 or bf16 (last dim contiguous, rows any stride), W quantized [N, K];
     the result [..., N] in x's dtype, or written into `out` (fp32 or bf16, last dim contiguous, rows any stride,
-    e.g. a column slice of a wider buffer), which is returned."""
+    e.g. a column slice of a wider buffer), which is returned.
+
+    NOTE: kept lean (each torch call here costs ~1 us, the whole wrapper ~5 us): a 192 x 576 Q4_1 matvec is ~5 us
+    of kernel time."""
     n, k = w.shape
+    dt = x.dtype
     if x.shape[-1] != k:
         raise ValueError(f"x has {x.shape[-1]} features; the {type_name(w.qtype)} weight takes {k}")
-    if x.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"qmatmul takes float32 or bfloat16 activations, not {x.dtype}")
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, k)
-    if x2.shape[0] and x2.stride(-1) != 1:
+    if dt is not torch.float32 and dt is not torch.bfloat16:
+        raise ValueError(f"qmatmul takes float32 or bfloat16 activations, not {dt}")
+    x2 = x if x.dim() == 2 else x.reshape(-1, k)
+    if x2.stride(1) != 1:
         x2 = x2.contiguous()
-    if out is None:
-        out = torch.empty(*lead, n, dtype=x.dtype)
-    if out.shape != (*lead, n) or out.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"out must be float32 or bfloat16 of shape {(*lead, n)}, not {out.dtype} {tuple(out.shape)}")
-    y2 = out.view(-1, n) if out.dim() != 2 else out
-    if y2.shape[0] and y2.stride(-1) != 1:
-        raise ValueError("out's last dimension must be contiguous")
-    if bias is not None:
-        if bias.shape != (n,):
-            raise ValueError(f"bias must have shape ({n},), not {tuple(bias.shape)}")
-        bias = bias.detach().to(torch.float32).contiguous()
     b = x2.shape[0]
+    if out is None:
+        y2 = out = torch.empty(b, n, dtype=dt)
+        if x.dim() != 2:
+            out = out.view(*x.shape[:-1], n)
+    else:
+        if out.shape[:-1] != x.shape[:-1] or out.shape[-1] != n or (
+                out.dtype is not torch.float32 and out.dtype is not torch.bfloat16):
+            raise ValueError(f"out must be float32 or bfloat16 of shape {(*x.shape[:-1], n)}, "
+                             f"not {out.dtype} {tuple(out.shape)}")
+        y2 = out if out.dim() == 2 else out.view(-1, n)
+        if b and y2.stride(1) != 1:
+            raise ValueError("out's last dimension must be contiguous")
+    if bias is not None and (bias.dtype is not torch.float32 or bias.requires_grad or not bias.is_contiguous()):
+        bias = bias.detach().to(torch.float32).contiguous()
+    if bias is not None and bias.shape != (n,):
+        raise ValueError(f"bias must have shape ({n},), not {tuple(bias.shape)}")
     if b == 0:
         return out
     lib = load()
@@ -202,10 +210,11 @@ def qmatmul(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None,
         y2.copy_(torch.nn.functional.linear(x2.float(), w.dequantize(), bias))
         return out
     rc = lib.quant_qmatmul(w.qtype, w.data.data_ptr(), w.data.shape[1], n, k, x2.data_ptr(),
-                           int(x2.dtype == torch.bfloat16), x2.stride(0), b, y2.data_ptr(),
-                           int(y2.dtype == torch.bfloat16), y2.stride(0),
-                           None if bias is None else bias.data_ptr(), _threads())
-    _check(rc, "qmatmul", w)
+                           dt is torch.bfloat16, x2.stride(0), b, y2.data_ptr(),
+                           y2.dtype is torch.bfloat16, y2.stride(0),
+                           None if bias is None else bias.data_ptr(), torch.get_num_threads())
+    if rc:
+        _check(rc, "qmatmul", w)
     return out
 
 
@@ -235,16 +244,19 @@ def quantize(w: torch.Tensor, qtype: int) -> QWeight:
     return QWeight(data, qtype, (n, k))
 
 
-# tokens (rows of x) above which QuantLinear dequantizes the weight and calls torch's matmul instead of qmatmul;
-# see the NOTE in QuantLinear.forward
-DENSE_FROM_TOKENS = 32
+# tokens (rows of x) above which QuantLinear dequantizes the weight per call and uses torch's matmul, by the
+# activations' dtype. NOTE: one thread, Zen 4, benchmarks/quant_matmul.py --crossover (CPU time, shared machine):
+# qmatmul / dequantize + bf16 linear, Q4_1 1536x576: 8 tokens 144 / 220 us, 16: 253 / 284, 32: 555 / 317;
+# Q4_K 640x2048: 8: 371 / 542, 16: 717 / 553. With fp32 activations the dense path is an fp32 linear, slower:
+# Q4_1 1536x576, 128 tokens 2275 / 2775 us, 256: 4239 / 6025; Q4_K 640x2048, 128: 5621 / 4101.
+DENSE_FROM_TOKENS: dict[torch.dtype, int] = {torch.bfloat16: 16, torch.float32: 128}
 
 
 class QuantLinear(torch.nn.Module):
     """nn.Linear over a quantized weight: qmatmul for few tokens (decode), dequantize + torch matmul for many.
 
-    NOTE: the weight is dequantized per call above DENSE_FROM_TOKENS (no dense copy is kept: that would undo the
-    memory saving); measured figures in benchmarks/quant_matmul.py."""
+    NOTE: above DENSE_FROM_TOKENS the weight is dequantized on each call (no dense copy is kept: that would undo
+    the memory saving)."""
 
     def __init__(self, qweight: QWeight, bias: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -255,7 +267,7 @@ class QuantLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in_features] fp32 or bf16 -> [..., out_features] in x's dtype."""
         tokens = x.numel() // max(1, self.in_features)
-        if tokens <= DENSE_FROM_TOKENS:
+        if tokens <= DENSE_FROM_TOKENS.get(x.dtype, 0):
             return qmatmul(x, self.qweight, self.bias)
         w = self.qweight.dequantize(x.dtype)
         return torch.nn.functional.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))

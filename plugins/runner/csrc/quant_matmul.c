@@ -8,6 +8,7 @@
 /* weights * activation rows below which a call runs on the calling thread. NOTE: a parallel region's wake-up is
  * some microseconds; a 576x576 Q4_1 matvec takes ~10 us on one thread (see benchmarks/quant_matmul.py). */
 #define PAR_MIN (1 << 18)
+#define ROW_TILE 16
 
 #if defined(QV512)
 typedef __m512 vf;
@@ -230,19 +231,25 @@ int quant_qmatmul(int qt, const uint8_t *w, int64_t row_bytes, int64_t N, int64_
         xf = tmp;
         xs = K;
     }
-    const int par = nt > 1 && N >= 2 * nt && N * K * (B < 8 ? B : 8) >= PAR_MIN;
+    /* NOTE: rows in tiles of ROW_TILE, each tile's rows once per 8 activation rows: the tile's weights and the
+     * 8 x rows stay in L1/L2 while the tile runs. Row by row (every x row re-read for each weight row), 32 rows of
+     * 576 features took 4.5x the time of 16 (the x rows out of L1): 1030 vs 226 us, 1536 x 576 Q4_1, Zen 4. */
+    const int64_t tiles = (N + ROW_TILE - 1) / ROW_TILE;
+    const int par = nt > 1 && tiles >= 2 && N * K * (B < 8 ? B : 8) >= PAR_MIN;
 #pragma omp parallel for num_threads(nt) schedule(static) if (par)
-    for (int64_t n = 0; n < N; n++) {
-        const uint8_t *row = w + n * row_bytes;
-        const float bn = bias ? bias[n] : 0.0f;
-        float o[8];
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t n1 = (t + 1) * ROW_TILE < N ? (t + 1) * ROW_TILE : N;
         for (int64_t b0 = 0; b0 < B; b0 += 8) {
             const int bt = B - b0 < 8 ? (int)(B - b0) : 8;
-            tab[bt - 1](row, K, xf + b0 * xs, xs, o);
-            for (int b = 0; b < bt; b++) {
-                const float v = o[b] + bn;
-                if (y_bf16) ((uint16_t *)y)[(b0 + b) * ys + n] = f2bf(v);
-                else ((float *)y)[(b0 + b) * ys + n] = v;
+            for (int64_t n = t * ROW_TILE; n < n1; n++) {
+                const float bn = bias ? bias[n] : 0.0f;
+                float o[8];
+                tab[bt - 1](w + n * row_bytes, K, xf + b0 * xs, xs, o);
+                for (int b = 0; b < bt; b++) {
+                    const float v = o[b] + bn;
+                    if (y_bf16) ((uint16_t *)y)[(b0 + b) * ys + n] = f2bf(v);
+                    else ((float *)y)[(b0 + b) * ys + n] = v;
+                }
             }
         }
     }

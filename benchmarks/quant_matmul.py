@@ -1,0 +1,111 @@
+"""Speed of the quantized-weight matmul (plugins/runner/quant.py) against a bf16 torch linear of the same shape.
+
+    taskset -c 1 .venv/bin/python benchmarks/quant_matmul.py [--batch 1 8] [--types Q4_1 Q8_0] [--seconds 0.3]
+    taskset -c 1 .venv/bin/python benchmarks/quant_matmul.py --crossover     # QuantLinear's dense threshold
+
+Per type and shape (N, K): microseconds per call and GB/s of weight bytes read; SmolLM2-135M's shapes for the
+32-weight formats, Gemma 3 270M's for the K formats (K a multiple of 256). One thread; a short loop, the median
+of 5 rounds, timed by the calling thread's CPU time (every call runs on it: one thread), so that time the thread
+spends descheduled on a shared machine is not counted (--wall: the wall clock); still, expect 10-20 % noise.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from modelcall.plugins.runner import quant as Q
+
+SMOL = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]
+GEMMA = [(640, 1024), (640, 2048), (2048, 640)]   # (N, K); the last is for the 32-weight formats only
+
+
+CLOCK = time.thread_time
+
+
+def timed(fn, seconds: float) -> float:
+    """Median seconds per call over 5 rounds of about seconds / 5 each, on CLOCK."""
+    fn()
+    t0 = CLOCK()
+    fn()
+    once = max(CLOCK() - t0, 1e-7)
+    reps = max(1, int(seconds / 5 / once))
+    rounds = []
+    for _ in range(5):
+        t0 = CLOCK()
+        for _ in range(reps):
+            fn()
+        rounds.append((CLOCK() - t0) / reps)
+    return statistics.median(rounds)
+
+
+def weight(name: str, n: int, k: int) -> Q.QWeight:
+    w = torch.randn(n, k) * 0.05
+    qt = Q.GGML_TYPES[name]
+    if qt in Q.QUANTIZABLE:
+        return Q.quantize(w, qt)
+    import gguf
+    raw = gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType(qt)) if name not in ("Q4_K", "Q5_K", "Q6_K") \
+        else np.random.default_rng(0).integers(0, 256, (n, Q.row_bytes(qt, k)), dtype=np.uint8)
+    if name in ("Q4_K", "Q5_K", "Q6_K"):   # random bytes with small finite fp16 scales (speed does not read them)
+        blocks = raw.reshape(-1, Q.block_info(qt)[1])
+        at = (208,) if name == "Q6_K" else (0, 2)
+        for o in at:
+            blocks[:, o:o + 2] = np.full((len(blocks), 1), 0.001, np.float16).view(np.uint8)
+    return Q.qweight_from_bytes(raw, qt, n, k)
+
+
+def speed(types: list[str], batches: list[int], seconds: float) -> None:
+    print(f"{'type':6} {'N x K':>12} {'B':>2} {'us/call':>9} {'GB/s':>6} {'bf16 us':>9} {'bf16 GB/s':>9} {'x bf16':>7}")
+    for name in types:
+        k_type = name.endswith("_K")
+        for n, k in (GEMMA[:2] if k_type else SMOL + GEMMA[2:]):
+            w = weight(name, n, k)
+            dense = torch.randn(n, k).to(torch.bfloat16)
+            for b in batches:
+                x = torch.randn(b, k)
+                xb = x.to(torch.bfloat16)
+                out = torch.empty(b, n)
+                tq = timed(lambda: Q.qmatmul(x, w, out=out), seconds)
+                tb = timed(lambda: torch.nn.functional.linear(xb, dense), seconds)
+                print(f"{name:6} {f'{n}x{k}':>12} {b:>2} {tq * 1e6:9.1f} {w.nbytes / tq / 1e9:6.1f} "
+                      f"{tb * 1e6:9.1f} {n * k * 2 / tb / 1e9:9.1f} {tb / tq:7.2f}", flush=True)
+
+
+def crossover(seconds: float) -> None:
+    """qmatmul against dequantize-per-call + torch linear (bf16 and fp32) by token count."""
+    print(f"{'type':6} {'N x K':>12} {'tokens':>6} {'qmatmul us':>10} {'deq+bf16 us':>11} {'deq+fp32 us':>11}")
+    for name, (n, k) in (("Q4_1", (1536, 576)), ("Q4_1", (576, 576)), ("Q4_K", (640, 2048))):
+        w = weight(name, n, k)
+        for t in (8, 16, 32, 64, 128, 256):
+            x = torch.randn(t, k)
+            xb = x.to(torch.bfloat16)
+            tq = timed(lambda: Q.qmatmul(x, w), seconds)
+            tdb = timed(lambda: torch.nn.functional.linear(xb, w.dequantize(torch.bfloat16)), seconds)
+            tdf = timed(lambda: torch.nn.functional.linear(x, w.dequantize()), seconds)
+            print(f"{name:6} {f'{n}x{k}':>12} {t:>6} {tq * 1e6:10.1f} {tdb * 1e6:11.1f} {tdf * 1e6:11.1f}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--types", nargs="+", default=["Q4_1", "Q8_0", "Q4_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"])
+    ap.add_argument("--batch", nargs="+", type=int, default=[1, 8])
+    ap.add_argument("--seconds", type=float, default=0.3)
+    ap.add_argument("--crossover", action="store_true")
+    ap.add_argument("--wall", action="store_true", help="time by the wall clock, not the thread's CPU time")
+    args = ap.parse_args()
+    global CLOCK
+    CLOCK = time.perf_counter if args.wall else time.thread_time
+    torch.set_num_threads(1)
+    print(f"kernel path: {['portable C', 'AVX-512', 'AVX2'][Q.load().quant_path()]}, torch {torch.__version__}")
+    if args.crossover:
+        crossover(args.seconds)
+    else:
+        speed(args.types, args.batch, args.seconds)
+
+
+if __name__ == "__main__":
+    main()
