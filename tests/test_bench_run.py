@@ -42,7 +42,7 @@ def test_dry_run_shows_the_flags_reaching_the_script():
 
 @pytest.mark.parametrize("args, message", [
     (("nope",), "give a workload"),
-    (("w0",), "reserved"),
+    (("w0", "--dtype", "float32"), "takes no --dtype"),
     (("gemm-fraction", "--runs", "2"), "takes no --runs"),
     (("speculation", "--dtype", "float32"), "takes no --dtype"),
     (("w1", "--threads", "0"), "at least 1"),
