@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from typing import Any
@@ -35,8 +36,8 @@ log = logging.getLogger("modelcall.runner")
 
 MARKER = "gguf.json"
 # What the runner serves from GGUF: llama.cpp's architecture name -> the transformers model class it maps to.
-# NOTE: every family the runner serves from safetensors that llama.cpp also writes as a dense GGUF. Mixture-of-experts
-# files (qwen3moe, gpt-oss) store experts as 3-D quantized tensors that the kernels do not take yet: refused by name.
+# NOTE: every family the runner serves from safetensors that llama.cpp also writes as GGUF. qwen3moe's 3-D expert
+# tensors are dequantized at load (gguf_experts.py); gpt-oss (MXFP4 experts) and qwen2moe are refused by name.
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
@@ -161,7 +162,10 @@ def materialize(path: str, supported_types: set[str]) -> str:
     """The model directory for the GGUF file `path` (built on first use, then read from the cache)."""
     path = os.path.abspath(path)
     stem = os.path.basename(path).removesuffix(".gguf")
-    out = os.path.join(cache_root(), f"{stem}-{content_key(path)}")
+    key = content_key(path)
+    # NOTE: one directory per (contents, path): each one's gguf.json names its own file. Another path to the same
+    # contents copies a sibling's converted files (the conversion is the slow part) instead of converting again.
+    out = os.path.join(cache_root(), f"{stem}-{key}-{hashlib.sha256(path.encode()).hexdigest()[:8]}")
     marker = os.path.join(out, MARKER)
     if os.path.exists(marker):
         with open(marker, encoding="utf-8") as f:
@@ -170,18 +174,40 @@ def materialize(path: str, supported_types: set[str]) -> str:
             check_supported(GGUFInfo(path, m["architecture"], m.get("name", stem), m.get("file_type"),
                                      m.get("tensor_types", {})), supported_types)
             return out
-    info = read_info(path)
-    check_supported(info, supported_types)
+    sibling = _sibling(key)
+    info = read_info(path) if sibling is None else None
+    if info is not None:
+        check_supported(info, supported_types)
     os.makedirs(cache_root(), exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
-        _write_dir(path, info, tmp)
-        if os.path.isdir(out):   # another path to the same contents, or a stale build: replace it
-            import shutil
+        if sibling is not None:
+            shutil.copytree(sibling, tmp, dirs_exist_ok=True)
+            with open(os.path.join(tmp, MARKER), encoding="utf-8") as f:
+                m = json.load(f)
+            info = GGUFInfo(path, m["architecture"], m.get("name", stem), m.get("file_type"), m.get("tensor_types", {}))
+            check_supported(info, supported_types)
+            m["gguf_file"] = path
+            with open(os.path.join(tmp, MARKER), "w", encoding="utf-8") as f:
+                json.dump(m, f, indent=1)
+        else:
+            _write_dir(path, info, tmp)
+        if os.path.isdir(out):   # a stale or half-written build: replace it
             shutil.rmtree(out, ignore_errors=True)
         os.replace(tmp, out)
         os.makedirs(tmp)   # TemporaryDirectory removes its own name on exit
     log.info("GGUF %s (%s, %s) described in %s", path, info.architecture, _types_line(info), out)
     return out
+
+
+def _sibling(key: str) -> str | None:
+    """A converted directory of the same contents (another path to the file), if one is complete."""
+    root = cache_root()
+    if not os.path.isdir(root):
+        return None
+    for name in os.listdir(root):
+        if f"-{key}-" in name and os.path.exists(os.path.join(root, name, MARKER)):
+            return os.path.join(root, name)
+    return None
 
 
 def _types_line(info: GGUFInfo) -> str:
