@@ -20,6 +20,7 @@ from modelcall.core.hookspecs import hookimpl, hookspec
 from modelcall.core.host import PluginHost
 from modelcall.core.kernel import Kernel
 from modelcall.core.params import SamplingParams
+from modelcall.core.pooling import Pooler, PoolingParams, PoolingPlan
 from modelcall.core.plan import ModelSpec, ScheduledChunk, SchedulePlan, StepOutput
 from modelcall.core.policies import EvictionPolicy, KeyedWaitingQueue, WaitingQueue
 from modelcall.core.request import Request, Status
@@ -30,7 +31,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Completion", "ConfigError", "ContextOverflow", "EvictionPolicy", "GenerateRequest", "InvalidRequest", "Kernel",
     "KernelConfig", "KeyedWaitingQueue", "ModelNotFound", "ModelSpec", "ModelcallError", "Overloaded", "PluginError",
-    "PluginHost",
+    "PluginHost", "Pooler", "PoolingParams", "PoolingPlan",
     "Request", "RequestHandle", "SamplingParams", "ScheduledChunk", "SchedulePlan", "Status", "StepOutput",
     "Unavailable", "WaitingQueue", "__version__", "hookimpl", "hookspec",
 ]

@@ -17,11 +17,12 @@ from typing import Any
 import anyio
 
 from modelcall.core.output import OutputState, Released
+from modelcall.core.pooling import Pooler
 from modelcall.core.plan import SchedulePlan, StepOutput
 from modelcall.core.request import Request, Status
 from modelcall.core.stages import KVCachePolicy, ModelRunner, Scheduler
 from modelcall.events import (
-    EventBus, Finished, Preempted, PrefillDone, PromptLogprobs, RequestFailed, RequestScheduled, StepDone, Timings,
+    EventBus, Finished, Pooled, Preempted, PrefillDone, PromptLogprobs, RequestFailed, RequestScheduled, StepDone, Timings,
     TokensEmitted, Usage, now,
 )
 
@@ -83,6 +84,8 @@ class Engine:
         self._executor: ThreadPoolExecutor | None = None
         # Speculative decoding (core/speculative.py), set by the kernel when configured: None is off.
         self.speculator: Any = None
+        # The model's pooling stage (core/pooling.py), set by the kernel: None when it pools nothing.
+        self.pooler: Pooler | None = None
         # Post-process step N while step N+1's forward runs (set by the kernel from its config); the
         # loop reads it once, when it starts (`_overlap`: on, and the event loop is asyncio).
         self.async_scheduling = False
@@ -318,7 +321,10 @@ class Engine:
             token = output.token_ids[i]
             rec = self.records[req.request_id]
             if token is None:
-                if req.max_tokens == 0 and req.num_computed_tokens >= req.num_prompt_tokens:
+                # NOTE: only chunks that sampled nothing come here, so generation pays no pooling check
+                if req.pooling is not None:
+                    self._pool(rec, chunk, output, i, t, events)
+                elif req.max_tokens == 0 and req.num_computed_tokens >= req.num_prompt_tokens:
                     self._finish(rec, rec.output.close("length"), t, events)  # scored, nothing to generate
                 continue
             self._append(rec, token, t, events)
@@ -336,6 +342,32 @@ class Engine:
         self.kv.commit(req)
         if req.params.prompt_logprobs is not None:
             self._note_prompt_logprobs(req, output, i, t, events)
+
+    def _pool(self, rec: RequestRecord, chunk: Any, output: StepOutput, i: int, t: float, events: list) -> None:
+        """A pooling request's chunk is computed: keep its hidden-state rows; at the prompt's end pool them,
+        publish the vector (`Pooled`) and finish ("stop")."""
+        req = rec.request
+        rows = output.pooled.get(i) if output.pooled is not None else None
+        if rows is not None:
+            start = req.num_computed_tokens - chunk.num_new_tokens
+            for s in [s for s in req.pooled if s >= start]:   # a recompute (after preemption) replaces them
+                del req.pooled[s]
+            req.pooled[start] = rows
+        if req.num_computed_tokens < req.num_prompt_tokens:
+            return
+        assert self.pooler is not None   # the entry pipeline admits pooling requests only with a pooler
+        try:
+            parts = [req.pooled[s] for s in sorted(req.pooled)]
+            vector = self.pooler.pool(parts, req.prompt_token_ids, req.pooling)
+        except Exception as e:
+            log.exception("pooling %s failed", req.request_id)
+            self._fail(req, type(e).__name__, str(e), events)
+            return
+        req.pooled = {}
+        rec.first_token = rec.last_token = t
+        events.append(Pooled(request_id=req.request_id, task_id=req.task_id, ts=t, embedding=tuple(vector),
+                             num_prompt_tokens=req.num_prompt_tokens))
+        self._finish(rec, rec.output.close("stop"), t, events)
 
     def _append(self, rec: RequestRecord, token: int, t: float, events: list) -> None:
         """A sampled token joins its request (the next step's input); the first one ends the prefill."""

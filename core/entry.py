@@ -69,6 +69,7 @@ class Entered(msgspec.Struct, kw_only=True):
     parts: dict[str, int] | None = None
     context: dict[str, Any] | None = None
     prepared: Any = None  # the tool-call parser stream and constraint processors (core/tools/support.py)
+    pooling: Any = None   # a pooling request's PoolingPlan (core/pooling.py)
 
 
 class Entry:
@@ -84,6 +85,7 @@ class Entry:
             caller = self._caller(inp)
             step = "validate"
             params, policy = self._validate(inp)
+            pooling = self._pooling(inp)
             step = "render"  # render, tokenize (and for chat the budget) share one worker-thread hop
             if inp.request.messages is not None and inp.request.prompt is None and inp.request.prompt_token_ids is None:
                 at = [step]
@@ -94,7 +96,8 @@ class Entry:
             else:
                 ids = await self._tokens(inp)
                 step = "context budget"
-                max_tokens, parts, context = self._budget(ids, params), None, None
+                max_tokens = self._budget(ids, params) if pooling is None else self._pool_budget(ids)
+                parts, context = None, None
             step = "input filters"
             await self._filter_input(inp, ids)
             step = "permissions"
@@ -112,7 +115,7 @@ class Entry:
             inp.exchange.sequences += inp.sequences
         return Entered(ids=ids, max_tokens=max_tokens, params=params, priority=priority, cache_salt=salt,
                        caller=caller, task_id=inp.task_id, retries=inp.retries, parts=parts, context=context,
-                       prepared=prepared)
+                       prepared=prepared, pooling=pooling)
 
     async def count(self, inp: EntryInput) -> int:
         """The prompt's token count, through the same steps as a request (no budget, no admission)."""
@@ -170,10 +173,31 @@ class Entry:
         check_caps(self.kernel.config, inp.request.messages, inp.request.tools, params, admitted, inp.sequences)
         return params, check_policy(inp.context_policy)
 
+    def _pooling(self, inp: EntryInput) -> Any:
+        """A pooling request's plan from the model's pooler; a generation request to a model that only pools
+        is refused here, before any compute."""
+        k, r = self.kernel, inp.request
+        if r.pooling is None:
+            if not getattr(k.runner, "generates", True):
+                raise InvalidRequest(f"model {k.model_name!r} is an embedding model (it generates no tokens); "
+                                     "use /v1/embeddings (a pooling request)", field="model")
+            return None
+        if k.pooler is None:
+            raise InvalidRequest(f"model {k.model_name!r} serves no pooling requests (no plugin pools it)",
+                                 field="model")
+        if r.messages is not None or r.tools:
+            raise InvalidRequest("a pooling request takes a prompt or prompt token ids, not messages or tools",
+                                 field="messages")
+        return k.pooler.resolve(r.pooling)
+
     async def _tokens(self, inp: EntryInput) -> list[int]:
         k = self.kernel
         try:
             r = inp.request
+            if r.pooling is not None and r.prompt is not None:
+                # NOTE: with the special tokens ([CLS] ... [SEP], a BOS or EOS), as sentence-transformers encodes
+                text = getattr(k.pooler, "prefix", "") + r.prompt   # the checkpoint's default prompt, if any
+                return await anyio.to_thread.run_sync(lambda: k.tokenizer.encode(text, add_special_tokens=True))
             return await prompt_token_ids_of(k.tokenizer, k.spec.vocab_size, r.prompt, r.messages, r.tools,
                                              r.prompt_token_ids, r.chat_template_kwargs)
         except ModelcallError:
@@ -207,6 +231,19 @@ class Entry:
             context = {"policy": policy, "dropped_messages": chat.dropped_messages,
                        "dropped_tokens": chat.dropped_tokens}
         return chat.max_tokens, chat.parts, context, chat.ids
+
+    def _pool_budget(self, ids: list[int]) -> int:
+        """A pooling request's budget: its prompt within the window and the KV pool; it generates nothing (0)."""
+        k = self.kernel
+        if not ids:
+            raise InvalidRequest("a pooling request needs at least one token", field="input")
+        if len(ids) > k.window:
+            raise ContextOverflow(len(ids), 0, k.window)
+        need = -(-len(ids) // k.kv.block_size)
+        if need > k.kv.num_blocks:
+            raise InvalidRequest(f"the input ({len(ids)} tokens) needs {need} KV blocks but the cache holds "
+                                 f"{k.kv.num_blocks}; raise kv_cache_memory_gb", field="input")
+        return 0
 
     def _budget(self, ids: list[int], params: SamplingParams) -> int:
         """The context budget of a text or token-id prompt (a chat prompt's is in `_chat`)."""

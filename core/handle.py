@@ -5,7 +5,7 @@ from collections.abc import Callable
 from typing import Any
 
 from modelcall.events.stream import RequestStream
-from modelcall.events.types import Event, Finished, RequestFailed, TokensEmitted, ToolRequested
+from modelcall.events.types import Event, Finished, Pooled, RequestFailed, TokensEmitted, ToolRequested
 
 
 class RequestHandle:
@@ -52,6 +52,7 @@ class RequestHandle:
     async def result(self) -> Completion:
         """Read the request to its end and return the whole completion."""
         text, tokens, logprobs, calls = [], [], [], []
+        embedding = None
         async for ev in self:
             if type(ev) is TokensEmitted:
                 text.append(ev.text)
@@ -60,9 +61,12 @@ class RequestHandle:
                     logprobs.extend(ev.logprobs)
             elif type(ev) is ToolRequested:
                 calls.append(ev)
+            elif type(ev) is Pooled:
+                embedding = list(ev.embedding)
             elif type(ev) is Finished:
                 done = Completion(self.request_id, "".join(text), tokens, ev, logprobs or None)
                 done.tool_calls = calls
+                done.embedding = embedding
                 return done
             elif type(ev) is RequestFailed:
                 raise RuntimeError(f"request {self.request_id} failed: {ev.error_type}: {ev.message}")
@@ -81,6 +85,7 @@ class Completion:
         self.finished = finished
         self.logprobs = logprobs
         self.tool_calls: list[ToolRequested] = []
+        self.embedding: list[float] | None = None   # a pooling request's vector (its Pooled event)
 
     @property
     def reasoning(self) -> str:

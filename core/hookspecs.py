@@ -48,6 +48,13 @@ def provide_model_runner(config: Any, model_dir: str, sampler: Any) -> Any:
 
 
 @hookspec(firstresult=True)
+def provide_pooler(config: Any, model_dir: str, runner: Any) -> Any:
+    """Return a `modelcall.core.pooling.Pooler` for the loaded model (its checkpoint's pooling choice), or
+    None: the model serves no pooling requests (embeddings). Called once, after the runner is loaded; the
+    runner must return hidden states for pooling chunks (`StepOutput.pooled`)."""
+
+
+@hookspec(firstresult=True)
 def provide_eviction_policy(config: Any, num_blocks: int) -> Any:
     """Return a `modelcall.core.policies.EvictionPolicy` holding the free block ids
     `0 .. num_blocks-1` (the order in which free blocks, and the prefixes they cache, are reused),

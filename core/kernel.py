@@ -60,6 +60,7 @@ class Kernel(Submitting):
         self.meters: list[tuple[str, Any]] = []
         self.tools: ToolSupport | None = None  # tool-call parsers and the constraint backend
         self.output_stage: OutputStage | None = None  # builds each request's output pipeline
+        self.pooler: Any = None  # the model's pooling stage (core/pooling.py); None: no pooling requests
         self._reservers: list[Any] = []               # meters with reserve(admission)
         self._output_filters: list[tuple[str, Any]] = []  # safety filters with output_filter(request)
         self.engine: Engine | None = None
@@ -82,6 +83,13 @@ class Kernel(Submitting):
     @property
     def model_name(self) -> str:
         return self.config.served_model_name or self.spec.name
+
+    @property
+    def task(self) -> str:
+        """What the model serves: "generate", "embed" (an encoder: pooling only) or both ("generate,embed")."""
+        generates = getattr(self.runner, "generates", True)
+        tasks = (["generate"] if generates else []) + (["embed"] if self.pooler is not None else [])
+        return ",".join(tasks)
 
     @property
     def window(self) -> int:
@@ -138,6 +146,7 @@ class Kernel(Submitting):
         self.bus.freeze()
         self.engine = Engine(self.scheduler, self.runner, self.kv, self.bus, self.window, cfg.consumer_timeout_s)
         self.engine.speculator = getattr(self, "speculator", None)
+        self.engine.pooler = self.pooler
         self.engine.async_scheduling = cfg.async_scheduling
         await host.lifecycle("startup", done=started, kernel=self)
         self._tg = anyio.create_task_group()
@@ -179,6 +188,8 @@ class Kernel(Submitting):
         self.runner = host.provide("provide_model_runner", "runner", config=cfg, model_dir=self.model_dir,
                                    sampler=self.sampler)
         self.spec = self.runner.spec
+        # None: this model serves no pooling requests (no plugin pools it)
+        self.pooler = host.pm.hook.provide_pooler(config=cfg, model_dir=self.model_dir, runner=self.runner)
         num_blocks = cfg.num_kv_blocks or max(
             2, int(cfg.kv_cache_memory_gb * 2**30) // self.runner.kv_block_bytes(cfg.block_size))
         self.runner.allocate_kv_cache(num_blocks, cfg.block_size)
@@ -275,6 +286,7 @@ class Kernel(Submitting):
                       cache_salt=cache_salt, max_tokens=max_tokens, eos_token_ids=self.spec.eos_token_ids
                       | self.tokenizer.eos_token_ids)
         req.fork_of, req.num_forks = choice.fork_of, choice.forks
+        req.pooling = e.pooling
         output = self.output_stage.open(req, tool_stream=prepared.stream if prepared is not None else None,
                                         chat=r.messages is not None or choice.chat,
                                         chat_template_kwargs=r.chat_template_kwargs)

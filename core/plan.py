@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from modelcall.core.request import Request
 from modelcall.events.types import PositionLogprobs
@@ -60,6 +61,9 @@ class StepOutput:
     # With drafts: per chunk, None (no draft) or the tokens to append: the accepted drafts, then the
     # correction or bonus token (token_ids[i] is its first).
     spec_tokens: list[list[int] | None] | None = None
+    # Pooling requests (core/pooling.py): chunk index -> the chunk's final hidden-state rows (every row when
+    # the request pools every token, else the prompt's last row once the chunk reaches it), float32 on the host.
+    pooled: dict[int, Any] | None = None
     forward_s: float = 0.0
 
 

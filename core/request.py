@@ -66,6 +66,10 @@ class Request:
         # n > 1, on the request the others are forked from: how many will come. The scheduler holds
         # it until they are all admitted (the caller aborts it if one is refused).
         self.num_forks = 0
+        # A pooling request (core/pooling.py): its resolved PoolingPlan, and the runner's hidden-state
+        # rows so far by the position they start at (a recompute after preemption overwrites them).
+        self.pooling: Any = None
+        self.pooled: dict[int, Any] = {}
 
     @property
     def num_tokens(self) -> int:
@@ -91,6 +95,11 @@ class Request:
     def wants_prompt_logprobs(self) -> bool:
         """Prompt logprobs were asked and some are still to compute."""
         return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens - 1
+
+    @property
+    def pools_every_token(self) -> bool:
+        """A pooling request whose pooler reads every prompt token's state: no prefix-cache hit may skip one."""
+        return self.pooling is not None and self.pooling.every_token
 
     @property
     def is_finished(self) -> bool:

@@ -20,6 +20,7 @@ from modelcall.core.errors import InvalidRequest
 from modelcall.core.handle import Completion, RequestHandle
 from modelcall.core.metering import Caller, Exchange
 from modelcall.core.params import SamplingParams
+from modelcall.core.pooling import PoolingParams
 from modelcall.events import Event
 
 
@@ -70,10 +71,16 @@ class GenerateRequest(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_u
     """"drop_oldest" lets a chat prompt over the window drop its oldest history (None: refuse it)."""
     retries: int = 0
     """How many times the client says it retried this call (recorded)."""
+    pooling: PoolingParams | None = None
+    """A pooling request (embeddings): no tokens are generated; the prompt is prefilled like any other
+    and the request finishes at its end with a `Pooled` event (its vector). A text prompt is encoded
+    with the tokenizer's special tokens (as sentence-transformers does). n must be 1."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.n, int) or self.n < 1:
             raise InvalidRequest(f"n must be at least 1, got {self.n!r}", field="n")
+        if self.pooling is not None and self.n != 1:
+            raise InvalidRequest(f"a pooling request has one result; n={self.n}", field="n")
 
     @classmethod
     def of(cls, **fields: Any) -> GenerateRequest:

@@ -130,6 +130,14 @@ class PromptLogprobs(Event):
     ranks: tuple[int, ...] = ()
 
 
+class Pooled(Event):
+    """A pooling request's vector (embeddings): its prompt computed, its hidden states pooled by the
+    model's pooler (core/pooling.py); `Finished` follows with the prompt tokens as usage."""
+
+    embedding: tuple[float, ...]
+    num_prompt_tokens: int = 0
+
+
 class TokensEmitted(Event):
     """What one request's output stage released in one engine step, split by where it goes.
 
@@ -255,12 +263,12 @@ class StepDone(msgspec.Struct, frozen=True, gc=False, tag=True, kw_only=True):
 
 
 REQUEST_EVENTS = (
-    RequestAdmitted, RequestQueued, RequestScheduled, PrefillDone, PromptLogprobs, TokensEmitted, Preempted,
+    RequestAdmitted, RequestQueued, RequestScheduled, PrefillDone, PromptLogprobs, Pooled, TokensEmitted, Preempted,
     ToolRequested, ToolExecuted, ToolFailed, Finished, RequestRejected, RequestFailed, ResponseSent,
 )
 TERMINAL_EVENTS = (Finished, RequestRejected, RequestFailed)
 AnyEvent = (
-    RequestAdmitted | RequestQueued | RequestScheduled | PrefillDone | PromptLogprobs | TokensEmitted | Preempted
+    RequestAdmitted | RequestQueued | RequestScheduled | PrefillDone | PromptLogprobs | Pooled | TokensEmitted | Preempted
     | ToolRequested | ToolExecuted | ToolFailed | Finished | RequestRejected | RequestFailed | StepDone
     | ResponseSent
 )

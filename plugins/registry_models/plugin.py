@@ -28,7 +28,7 @@ def provide_model_dir(config: Any) -> str | None:
 
 @hookimpl
 def register_commands(register: Any) -> None:
-    register("fetch-model", "fetch a built-in real model (smollm2, gemma3-270m) into the user cache and print its "
+    register("fetch-model", "fetch a built-in real model (smollm2, gemma3-270m, all-minilm-l6-v2) into the user cache and print its "
              "path", _configure, _run)
 
 

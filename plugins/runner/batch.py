@@ -53,6 +53,9 @@ class StepBatch:
     prompt_rows: torch.Tensor | None = None
     prompt_targets: list[int] = field(default_factory=list)
     prompt_spans: list[tuple[int, int, int]] = field(default_factory=list)
+    # Pooling requests (core/pooling.py): (chunk index in plan order, first flat row, rows) whose final hidden
+    # states the runner hands back (`StepOutput.pooled`).
+    pool_spans: list[tuple[int, int, int]] = field(default_factory=list)
     kv: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # per layer [slots, Hkv, D]
     # KV groups 1.. (models mixing full and sliding layers, core.kv_groups): each group's own slot_mapping
     # and paged_slots, from its own block tables; group 0 uses the two fields above.
@@ -100,6 +103,7 @@ def _build(plan: SchedulePlan, block_size: int, device: torch.device, num_groups
         batch.prompt_rows = _longs(rows.prompt_rows).to(device)
         batch.prompt_targets = rows.prompt_targets
         batch.prompt_spans = rows.prompt_spans
+    batch.pool_spans = rows.pool_spans
     ar = _add_paged(batch, chunks, paged, table, seq_t, pos_t, block_size, device) if paged else None
     for g in range(1, num_groups):
         gtable = _padded([chunks[i].request.extra[GROUP_TABLES][g - 1] for i in order])
@@ -140,6 +144,7 @@ class FlatRows:
     prompt_rows: list[int] = field(default_factory=list)
     prompt_targets: list[int] = field(default_factory=list)
     prompt_spans: list[tuple[int, int, int]] = field(default_factory=list)
+    pool_spans: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 def _flatten(chunks: list[Any], order: list[int]) -> FlatRows:
@@ -161,6 +166,8 @@ def _flatten(chunks: list[Any], order: list[int]) -> FlatRows:
         last_row[i] = len(ids) - 1
         if req.params.prompt_logprobs is not None:
             _score_prompt(rows, i, req, s, e, len(ids) - c.num_new_tokens)
+        if req.pooling is not None:
+            _pool_rows(rows, i, req, s, e, len(ids) - c.num_new_tokens)
     if len(order) < len(chunks):
         index = {id(c.request): i for i, c in enumerate(chunks)}
         for i, c in enumerate(chunks):
@@ -179,6 +186,15 @@ def _score_prompt(rows: FlatRows, i: int, req: Any, s: int, e: int, first_row: i
         rows.prompt_rows.extend(range(first, first + hi - lo))
         rows.prompt_targets.extend(req.all_token_ids[lo + 1:hi + 1])
         rows.prompt_spans.append((i, hi - lo, req.params.prompt_logprobs))
+
+
+def _pool_rows(rows: FlatRows, i: int, req: Any, s: int, e: int, first_row: int) -> None:
+    """Chunk i of a pooling request (positions s..e at flat rows from `first_row`): every row when its pooler
+    reads every token, else the prompt's last row once the chunk reaches it."""
+    if req.pooling.every_token:
+        rows.pool_spans.append((i, first_row, e - s))
+    elif e == req.num_prompt_tokens:
+        rows.pool_spans.append((i, first_row + e - s - 1, 1))
 
 
 def _sampled_rows(plan: SchedulePlan, last_row: list[int]) -> list[int]:

@@ -174,8 +174,9 @@ class TorchModelRunner:
             if cpu_kernel.bind_threads(self._cpus):
                 log.info("compute threads of %s pinned to CPUs %s", threading.current_thread().name, self._cpus)
         scored: list[tuple[int, list[Any], list[int]]] = []
+        pooled: dict[int, Any] = {}
         with torch.inference_mode():
-            logits = self.compute_logits(plan, scored)
+            logits = self.compute_logits(plan, scored, pooled)
             if plan.block_copies:
                 self._copy_blocks(plan.block_copies)
             sampled = [c for c in plan.chunks if c.sample]
@@ -208,6 +209,8 @@ class TorchModelRunner:
                 if c.sample:
                     out.spec_tokens[i] = spec[j]
                     j += 1
+        if pooled:
+            out.pooled = pooled
         if scored:
             out.prompt_logprobs = [None] * len(plan.chunks)
             out.prompt_ranks = [None] * len(plan.chunks)
@@ -215,10 +218,11 @@ class TorchModelRunner:
                 out.prompt_logprobs[i], out.prompt_ranks[i] = plp, ranks
         return out
 
-    def compute_logits(self, plan: SchedulePlan, scored: list | None = None) -> torch.Tensor:
+    def compute_logits(self, plan: SchedulePlan, scored: list | None = None, pooled: dict | None = None) -> torch.Tensor:
         """Forward `plan` (writing its K/V) and return the logits of the sampled chunks, plan order, in the
         model's dtype (the sampler upcasts when it does more than take the maximum). With `scored`, the
-        prompt logprobs the plan's chunks ask for go there as (chunk index, logprobs, ranks)."""
+        prompt logprobs the plan's chunks ask for go there as (chunk index, logprobs, ranks); with `pooled`, the
+        hidden-state rows of pooling chunks as chunk index -> float32 host tensor (core/pooling.py)."""
         if not self.kv:
             raise RuntimeError("allocate_kv_cache() must be called before execute()")
         with torch.inference_mode():
@@ -234,6 +238,8 @@ class TorchModelRunner:
             hidden = self._forward(step)
             if scored is not None and step.prompt_rows is not None:
                 scored.extend(self._score_prompt(hidden, step))
+            if pooled is not None and step.pool_spans:
+                pooled.update((i, hidden[a:a + n].float().cpu()) for i, a, n in step.pool_spans)
             if step.num_sampled == 0:   # only partial prefill chunks: nothing to sample
                 return hidden.new_empty(0, self.spec.vocab_size)
             if step.sample_rows is not None:

@@ -248,7 +248,8 @@ class DefaultScheduler:
         # re-match their own freed blocks, output tokens included.
         # NOTE: a prefix hit would skip rows whose prompt logprobs were asked: those requests compute
         # the prompt (what a preemption already scored is not scored again, see the runner).
-        num_hit = 0 if request.wants_prompt_logprobs else self.kv.match_prefix(request)
+        # So would a hit for a pooling request that reads every token's state (mean, CLS).
+        num_hit = 0 if request.wants_prompt_logprobs or request.pools_every_token else self.kv.match_prefix(request)
         request.num_computed_tokens = num_hit
         num_new = min(request.num_uncomputed_tokens, step.budget)
         if not self._fits(request, num_new):

@@ -45,6 +45,11 @@ class HFTokenizer:
         if template is not None:
             hf.chat_template = template
         _fill_special_tokens(hf, model_dir)   # the model's own config and generation config
+        # NOTE: a tokenizer.json may carry padding and truncation (all-MiniLM-L6-v2's: pad to 128, cut at 128);
+        # encode() would then pad a prompt with unmasked [PAD]s or cut it silently. Lengths are the kernel's to
+        # check (a prompt over the window is refused), so both are off.
+        backend.no_padding()
+        backend.no_truncation()
         self.hf = hf
         self.backend = backend
         self.name = name or os.path.basename(os.path.normpath(model_dir))   # a hub id, not its snapshot hash

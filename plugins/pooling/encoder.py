@@ -1,0 +1,110 @@
+"""EncoderRunner: a BERT-family encoder (bidirectional attention, no KV cache) run with transformers' own
+modules on the kernel's batches. It only pools: a pooling request's prompt is encoded whole, at once, in the
+step where its last chunk is scheduled, batched (padded, with an attention mask) with the other prompts that
+end in that step.
+
+NOTE: bidirectional attention makes every state depend on the whole prompt, so a chunk before the last computes
+nothing here (the scheduler's chunking still meters and admits it as usual); a step's compute is then the sum
+of its ending prompts, which may exceed max_num_batched_tokens by up to one window per prompt.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from typing import Any
+
+import torch
+
+from modelcall.core import ConfigError, KernelConfig, ModelSpec, SchedulePlan, StepOutput
+
+# model_type values of the encoder families this runner serves through transformers' AutoModel
+ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "modernbert", "electra", "mpnet",
+                           "nomic_bert", "camembert"})
+
+
+def model_type(model_dir: str) -> str:
+    try:
+        with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+            return str(json.load(f).get("model_type", ""))
+    except (OSError, ValueError):
+        return ""
+
+
+class EncoderRunner:
+    """Encodes whole prompts; refuses sampling (the entry pipeline refuses generation before it gets here)."""
+
+    generates = False
+
+    def __init__(self, config: KernelConfig, model_dir: str, max_seq_length: int | None = None) -> None:
+        from transformers import AutoConfig, AutoModel
+
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        device = torch.device(config.device if config.device not in (None, "auto") else
+                              ("cuda" if torch.cuda.is_available() else "cpu"))
+        dtype = {"auto": torch.float32, None: torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16,
+                 "float16": torch.float16}.get(config.dtype)
+        if dtype is None:
+            raise ConfigError(f"dtype {config.dtype!r}: the encoder runner takes float32, bfloat16 or float16")
+        hf = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+        self.model = AutoModel.from_pretrained(model_dir, local_files_only=True, dtype=dtype).to(device).eval()
+        self.model.requires_grad_(False)
+        self.device, self.dtype = device, dtype
+        self.pad_id = int(getattr(hf, "pad_token_id", None) or 0)
+        max_len = int(getattr(hf, "max_position_embeddings", 512))
+        if max_seq_length:
+            max_len = min(max_len, int(max_seq_length))   # sentence-transformers' own limit (it would truncate)
+        if config.max_model_len is not None:
+            if config.max_model_len > max_len:
+                raise ConfigError(f"max_model_len {config.max_model_len} exceeds the encoder's {max_len} tokens")
+            max_len = config.max_model_len
+        heads = int(hf.num_attention_heads)
+        self.hidden_size = int(hf.hidden_size)
+        self.spec = ModelSpec(
+            name=config.served_model_name or os.path.basename(os.path.normpath(model_dir)), max_model_len=max_len,
+            vocab_size=int(hf.vocab_size), num_layers=int(hf.num_hidden_layers), num_kv_heads=heads,
+            head_dim=self.hidden_size // heads, dtype=str(dtype).removeprefix("torch."), device=str(device),
+            identity=hashlib.sha256(f"encoder:{os.path.realpath(model_dir)}".encode()).hexdigest()[:32])
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def kv_block_bytes(self, block_size: int) -> int:
+        # NOTE: nothing is cached; the pool's blocks only meter admission, sized as a decoder's would be
+        s = self.spec
+        return 2 * s.num_layers * block_size * s.num_kv_heads * s.head_dim * 4
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> None:
+        self.block_size = block_size
+
+    def execute(self, plan: SchedulePlan) -> StepOutput:
+        t0 = time.perf_counter()
+        ending = []
+        for i, c in enumerate(plan.chunks):
+            req = c.request
+            if c.sample or req.pooling is None:
+                raise RuntimeError(f"{req.request_id}: the encoder runner only pools (it generates no tokens)")
+            if req.num_computed_tokens + c.num_new_tokens == req.num_prompt_tokens:
+                ending.append((i, req))
+        pooled = self._encode(ending) if ending else None
+        return StepOutput(token_ids=[None] * len(plan.chunks), pooled=pooled, forward_s=time.perf_counter() - t0)
+
+    def _encode(self, ending: list[tuple[int, Any]]) -> dict[int, torch.Tensor]:
+        width = max(r.num_prompt_tokens for _, r in ending)
+        ids = torch.full((len(ending), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(ending), width), dtype=torch.long)
+        for b, (_, r) in enumerate(ending):
+            n = r.num_prompt_tokens
+            ids[b, :n] = torch.tensor(r.all_token_ids[:n])
+            mask[b, :n] = 1
+        with torch.inference_mode():
+            hidden = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).last_hidden_state
+        hidden = hidden.float().cpu()
+        out = {}
+        for b, (i, r) in enumerate(ending):
+            n = r.num_prompt_tokens
+            out[i] = hidden[b, :n] if r.pooling.every_token else hidden[b, n - 1:n]
+        return out
+
+    def close(self) -> None:
+        self.model = None  # type: ignore[assignment]
