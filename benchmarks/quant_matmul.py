@@ -3,7 +3,7 @@
     taskset -c 1 .venv/bin/python benchmarks/quant_matmul.py [--batch 1 8] [--types Q4_1 Q8_0] [--seconds 0.3]
     taskset -c 1 .venv/bin/python benchmarks/quant_matmul.py --crossover     # QuantLinear's dense threshold
 
-Per type and shape (N, K): microseconds per call and GB/s of weight bytes read; SmolLM2-135M's shapes for the
+Per type and shape (N, K): microseconds per call and GB/s of weight bytes read; with int8=True beside it where built (x as Q8_0); SmolLM2-135M's shapes for the
 32-weight formats, Gemma 3 270M's for the K formats (K a multiple of 256). One thread; a short loop, the median
 of 5 rounds, timed by the calling thread's CPU time (every call runs on it: one thread), so that time the thread
 spends descheduled on a shared machine is not counted (--wall: the wall clock); still, expect 10-20 % noise.
@@ -59,7 +59,9 @@ def weight(name: str, n: int, k: int) -> Q.QWeight:
 
 
 def speed(types: list[str], batches: list[int], seconds: float) -> None:
-    print(f"{'type':6} {'N x K':>12} {'B':>2} {'us/call':>9} {'GB/s':>6} {'bf16 us':>9} {'bf16 GB/s':>9} {'x bf16':>7}")
+    int8 = Q.int8_available()
+    print(f"{'type':6} {'N x K':>12} {'B':>2} {'us/call':>9} {'GB/s':>6} {'bf16 us':>9} {'bf16 GB/s':>9} {'x bf16':>7}"
+          + (f" {'int8 us':>8} {'int8 GB/s':>9}" if int8 else ""))
     for name in types:
         k_type = name.endswith("_K")
         for n, k in (GEMMA[:2] if k_type else SMOL + GEMMA[2:]):
@@ -71,8 +73,12 @@ def speed(types: list[str], batches: list[int], seconds: float) -> None:
                 out = torch.empty(b, n)
                 tq = timed(lambda: Q.qmatmul(x, w, out=out), seconds)
                 tb = timed(lambda: torch.nn.functional.linear(xb, dense), seconds)
-                print(f"{name:6} {f'{n}x{k}':>12} {b:>2} {tq * 1e6:9.1f} {w.nbytes / tq / 1e9:6.1f} "
-                      f"{tb * 1e6:9.1f} {n * k * 2 / tb / 1e9:9.1f} {tb / tq:7.2f}", flush=True)
+                line = (f"{name:6} {f'{n}x{k}':>12} {b:>2} {tq * 1e6:9.1f} {w.nbytes / tq / 1e9:6.1f} "
+                        f"{tb * 1e6:9.1f} {n * k * 2 / tb / 1e9:9.1f} {tb / tq:7.2f}")
+                if int8:
+                    ti = timed(lambda: Q.qmatmul(x, w, out=out, int8=True), seconds)
+                    line += f" {ti * 1e6:8.1f} {w.nbytes / ti / 1e9:9.1f}"
+                print(line, flush=True)
 
 
 def crossover(seconds: float) -> None:

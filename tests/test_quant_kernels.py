@@ -320,3 +320,26 @@ def test_bad_input_is_refused_with_the_numbers():
         w.rows(torch.tensor([4]))
     with pytest.raises(ValueError, match="Q4_1"):
         Q.quantize(torch.randn(4, 64), T["Q4_1"])
+
+
+@pytest.mark.parametrize("name", QUANT_TYPES)
+def test_int8_activations_equal_x_as_q8_0_times_the_weight(kernel, name):
+    """int8=True: x is quantized per 32 as gguf's Q8_0 and the products summed exactly in int32, so the result is
+    dequantize(quantize_q8_0(x)) @ W.T to fp32 rounding. The portable build has no such kernel: the fp32 path."""
+    n, k = 37, 512
+    raw = weight_bytes(name, n, k, seed=11)
+    w = Q.qweight_from_bytes(raw, T[name], n, k)
+    ref = reference(raw, name)
+    gen = torch.Generator().manual_seed(12)
+    assert Q.int8_available() == (kernel != "scalar")
+    for b in (1, 3, 8, 9):
+        x = torch.randn(b, k, generator=gen)
+        bias = torch.randn(n, generator=gen)
+        q8 = gguf.quants.quantize(x.numpy(), gguf.GGMLQuantizationType.Q8_0)
+        xq = torch.from_numpy(gguf.quants.dequantize(q8, gguf.GGMLQuantizationType.Q8_0))
+        y = Q.qmatmul(x, w, bias, int8=True)
+        assert_matmul_close(y, xq if Q.int8_available() else x, ref, bias)
+        yb = Q.qmatmul(x.to(torch.bfloat16), w, out=torch.empty(b, n), int8=True)   # bf16 x: its values as Q8_0
+        q8b = gguf.quants.quantize(x.to(torch.bfloat16).float().numpy(), gguf.GGMLQuantizationType.Q8_0)
+        xqb = torch.from_numpy(gguf.quants.dequantize(q8b, gguf.GGMLQuantizationType.Q8_0))
+        assert_matmul_close(yb, xqb if Q.int8_available() else x.to(torch.bfloat16).float(), ref)

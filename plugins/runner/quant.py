@@ -25,10 +25,11 @@ _NAMES = {v: k for k, v in GGML_TYPES.items()}
 # (weights per block, bytes per block), as gguf.constants.GGML_QUANT_SIZES
 _BLOCKS: dict[int, tuple[int, int]] = {0: (1, 4), 1: (1, 2), 30: (1, 2), 8: (32, 34), 2: (32, 18), 3: (32, 20),
                                        6: (32, 22), 7: (32, 24), 12: (256, 144), 13: (256, 176), 14: (256, 210)}
+_FLOAT_TYPES = (0, 1, 30)
 QUANTIZABLE = (GGML_TYPES["Q8_0"], GGML_TYPES["Q4_0"], GGML_TYPES["Q4_K"])
 
 _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
-_FILES = ("quant_common.h", "quant_legacy.c", "quant_k.c", "quant_matmul.c")
+_FILES = ("quant_common.h", "quant_legacy.c", "quant_k.c", "quant_matmul.c", "quant_int8.c")
 
 
 def _read_source() -> str:
@@ -47,8 +48,11 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.quant_qmatmul.argtypes = [i32, p, i64, i64, i64, p, i32, i64, i64, p, i32, i64, p, i32]
     lib.quant_dequantize_rows.argtypes = [i32, p, i64, i64, i64, p, i64, i64, p, i32, i64, i32]
     lib.quant_quantize_rows.argtypes = [i32, p, i64, i64, i64, p, i32]
+    lib.quant_qmatmul_int8.argtypes = lib.quant_qmatmul.argtypes
     lib.quant_path.argtypes = []
-    for fn in (lib.quant_qmatmul, lib.quant_dequantize_rows, lib.quant_quantize_rows, lib.quant_path):
+    lib.quant_int8_available.argtypes = []
+    for fn in (lib.quant_qmatmul, lib.quant_dequantize_rows, lib.quant_quantize_rows, lib.quant_path,
+               lib.quant_qmatmul_int8, lib.quant_int8_available):
         fn.restype = i32
 
 
@@ -169,11 +173,20 @@ def _np_dequantize(data: np.ndarray, qtype: int) -> np.ndarray:
     return gguf.quants.dequantize(data, gguf.GGMLQuantizationType(qtype))
 
 
+def int8_available() -> bool:
+    """Whether qmatmul(..., int8=True) has its kernel here (a CPU with vpdpbusd: AVX512-VNNI or AVX-VNNI)."""
+    lib = load()
+    return bool(lib is not None and lib.quant_int8_available())
+
+
 def qmatmul(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None,
-            out: torch.Tensor | None = None) -> torch.Tensor:
+            out: torch.Tensor | None = None, *, int8: bool = False) -> torch.Tensor:
     """x @ W.T (+ bias): x [..., K] fp32 or bf16 (last dim contiguous, rows any stride), W quantized [N, K];
     the result [..., N] in x's dtype, or written into `out` (fp32 or bf16, last dim contiguous, rows any stride,
     e.g. a column slice of a wider buffer), which is returned.
+
+    int8=True: x quantized per 32 values to Q8_0 on the fly and integer dot products (llama.cpp's way; an error
+    of about |x| / 254 per value); where that kernel is not built, or W is a float type, the fp32 path runs.
 
     NOTE: kept lean (each torch call here costs ~1 us, the whole wrapper ~5 us): a 192 x 576 Q4_1 matvec is ~5 us
     of kernel time."""
@@ -209,7 +222,9 @@ def qmatmul(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None,
     if lib is None:
         y2.copy_(torch.nn.functional.linear(x2.float(), w.dequantize(), bias))
         return out
-    rc = lib.quant_qmatmul(w.qtype, w.data.data_ptr(), w.data.shape[1], n, k, x2.data_ptr(),
+    fn = lib.quant_qmatmul_int8 if int8 and w.qtype not in _FLOAT_TYPES and lib.quant_int8_available() \
+        else lib.quant_qmatmul
+    rc = fn(w.qtype, w.data.data_ptr(), w.data.shape[1], n, k, x2.data_ptr(),
                            dt is torch.bfloat16, x2.stride(0), b, y2.data_ptr(),
                            y2.dtype is torch.bfloat16, y2.stride(0),
                            None if bias is None else bias.data_ptr(), torch.get_num_threads())
@@ -258,9 +273,9 @@ class QuantLinear(torch.nn.Module):
     NOTE: above DENSE_FROM_TOKENS the weight is dequantized on each call (no dense copy is kept: that would undo
     the memory saving)."""
 
-    def __init__(self, qweight: QWeight, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, qweight: QWeight, bias: torch.Tensor | None = None, int8: bool = False) -> None:
         super().__init__()
-        self.qweight = qweight
+        self.qweight, self.int8 = qweight, int8
         self.out_features, self.in_features = qweight.shape
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float(), requires_grad=False)
 
@@ -268,7 +283,7 @@ class QuantLinear(torch.nn.Module):
         """x [..., in_features] fp32 or bf16 -> [..., out_features] in x's dtype."""
         tokens = x.numel() // max(1, self.in_features)
         if tokens <= DENSE_FROM_TOKENS.get(x.dtype, 0):
-            return qmatmul(x, self.qweight, self.bias)
+            return qmatmul(x, self.qweight, self.bias, int8=self.int8)
         w = self.qweight.dequantize(x.dtype)
         return torch.nn.functional.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
 

@@ -5,8 +5,10 @@
  * fp32 in registers once and adding it into bt x 2 accumulators; more rows take more passes over the (by then
  * cached) row. Rows of W run in parallel (OpenMP, static chunks) when the call is large enough (PAR_MIN). */
 
-/* weights * activation rows below which a call runs on the calling thread. NOTE: a parallel region's wake-up is
- * some microseconds; a 576x576 Q4_1 matvec takes ~10 us on one thread (see benchmarks/quant_matmul.py). */
+/* weights * activation rows below which a call runs on the calling thread. NOTE: not measured on a quiet machine:
+ * a 576 x 576 Q4_1 matvec is ~20 us on one thread (Zen 4), a parallel region's wake-up some microseconds; on the
+ * shared 2-core machine (load ~13) the region cost ~20 ms (a worker waiting for a core), so no figure here says
+ * what two threads win; benchmarks/quant_matmul.py measures it where cores are free. */
 #define PAR_MIN (1 << 18)
 #define ROW_TILE 16
 
