@@ -82,7 +82,7 @@ def source_key(source: str | None, sources: Sequence[str], include_dirs: Sequenc
         parts += [os.path.basename(path), text]
         _headers(text, os.path.dirname(path), include_dirs, headers)
     for path in sorted(headers):
-        parts += [path, headers[path]]
+        parts += [os.path.basename(path), headers[path]]
     return "\0".join(parts)
 
 
