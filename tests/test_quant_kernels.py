@@ -343,3 +343,13 @@ def test_int8_activations_equal_x_as_q8_0_times_the_weight(kernel, name):
         q8b = gguf.quants.quantize(x.to(torch.bfloat16).float().numpy(), gguf.GGMLQuantizationType.Q8_0)
         xqb = torch.from_numpy(gguf.quants.dequantize(q8b, gguf.GGMLQuantizationType.Q8_0))
         assert_matmul_close(yb, xqb if Q.int8_available() else x.to(torch.bfloat16).float(), ref)
+
+
+def test_a_qweight_checks_its_bytes_and_is_compared_by_identity():
+    raw = torch.from_numpy(weight_bytes("Q8_0", 4, 64))
+    w = Q.QWeight(raw, T["Q8_0"], (4, 64))
+    assert w.nbytes == 4 * 68 and w == w and w != Q.QWeight(raw, T["Q8_0"], (4, 64))
+    with pytest.raises(ValueError, match=r"\[4, 68\]"):
+        Q.QWeight(raw[:, :-1], T["Q8_0"], (4, 64))
+    with pytest.raises(ValueError, match="contiguous"):
+        Q.QWeight(raw.view(torch.int8), T["Q8_0"], (4, 64))

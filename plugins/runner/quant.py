@@ -96,13 +96,22 @@ def row_bytes(qtype: int, k: int) -> int:
     return k // block * size
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class QWeight:
-    """A quantized [N, K] weight: `data` uint8 [N, row_bytes] contiguous on the CPU, `qtype` its GGML type."""
+    """A quantized [N, K] weight: `data` uint8 [N, row_bytes] contiguous on the CPU, `qtype` its GGML type.
+    (Compared by identity: two weights are the same object, not equal bytes.)"""
 
     data: torch.Tensor
     qtype: int
     shape: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        n, k = self.shape
+        rb = row_bytes(self.qtype, k)
+        d = self.data
+        if d.dtype != torch.uint8 or tuple(d.shape) != (n, rb) or not d.is_contiguous() or d.device.type != "cpu":
+            raise ValueError(f"a {type_name(self.qtype)} weight {n} x {k} holds contiguous CPU uint8 [{n}, {rb}], "
+                             f"not {d.dtype} {tuple(d.shape)} on {d.device}")
 
     @property
     def nbytes(self) -> int:
