@@ -3,7 +3,8 @@ model of each, written as llama.cpp's converter writes it (tests/gguf_writer.py:
 norms, fused phi3 tensors, stacked experts; F32, F16 and Q8_0 tensors), served by modelcall from the file, against
 transformers loading the SAME file (`gguf_file=`, fp32): an independent reading of the name map, the un-permutation
 and the dequantization. Where transformers cannot read a family's file (olmo2: its GGUF config reader has no
-olmo2 entry) the reference is the HF model the file was written from, with every tensor written as F32.
+olmo2 entry; gpt-oss: it fails on the rope.scaling values) the reference is the HF model the file was written
+from, its tensors written exactly (F32, and gpt-oss's experts as MXFP4 from weights on MXFP4's grid).
 Files whose architecture or tensor type is not served are refused at start with one line naming it."""
 from __future__ import annotations
 
@@ -33,7 +34,11 @@ FAMILIES: dict[str, tuple[str, str, dict | None]] = {
     "gemma2": ("F16", "Q8_0", {}),
     "gemma3": ("Q8_0", "F16", {}),
     "olmo2": ("F32", "F32", None),
+    # transformers' GGUF reader fails on gpt-oss's rope.scaling values: the reference is the HF source, whose expert
+    # weights lie on MXFP4's grid (gguf_writer.build_model), written as MXFP4 like the real files
+    "gpt-oss": ("F32", "F32", None),
 }
+EXPERT_TYPES = {"gpt-oss": "MXFP4"}   # the others' experts: their matrix type
 PROMPT_LEN, NEW_TOKENS, TOP = 64, 16, 5
 KERNEL = dict(dtype="float32", kv_cache_dtype="float32", kv_cache_memory_gb=1 / 64, max_model_len=256)
 
@@ -64,7 +69,8 @@ def _reference(arch: str, path: str, source: torch.nn.Module) -> torch.nn.Module
 async def test_family_from_gguf_agrees_with_transformers_on_the_same_file(arch, workdir):
     matrix, embedding, _ = FAMILIES[arch]
     source = gw.build_model(arch)
-    path = gw.write(source, arch, str(workdir / f"{arch}-tiny.gguf"), matrix_type=matrix, embedding_type=embedding)
+    path = gw.write(source, arch, str(workdir / f"{arch}-tiny.gguf"), matrix_type=matrix, embedding_type=embedding,
+                    expert_type=EXPERT_TYPES.get(arch))
     ref = _reference(arch, path, source)
     ids = np.random.default_rng(7).integers(0, gw.EOS, PROMPT_LEN).tolist()
     with torch.inference_mode():

@@ -1,20 +1,23 @@
 """The transformers config and tokenizer of a GGUF file, where transformers' own GGUF reader falls short.
 
-transformers (5.25) rebuilds a config from llama.cpp's metadata keys for the architectures it lists. For one the
-runner serves that it does not list (olmo2) the config is built here from the same keys; for the ones it lists, a
-few keys it does not read are read here, since the config class's defaults (one checkpoint's shapes) would
+transformers (5.25) rebuilds a config from llama.cpp's metadata keys for the architectures it lists. For the ones
+the runner serves that it cannot read, the config is built here from the same keys: olmo2 (not listed) and gpt-oss
+(its reader fails on the rope.scaling values: "only 0-dimensional arrays can be converted"). For the ones it
+reads, a few keys it leaves out are read here, since the config class's defaults (one checkpoint's shapes) would
 otherwise apply silently to another checkpoint:
 
     {arch}.attention.key_length        -> head_dim               (qwen3 stays at 128 without it)
     {arch}.expert_feed_forward_length  -> moe_intermediate_size  (qwen3moe stays at 768 without it)
+    {arch}.attention.sliding_window    -> sliding_window
 """
 from __future__ import annotations
 
 from typing import Any
 
 # llama.cpp architecture -> transformers model_type, for files transformers' GGUF config reader refuses
-OWN_CONFIG = {"olmo2": "olmo2"}
-MISSED_KEYS = {"attention.key_length": "head_dim", "expert_feed_forward_length": "moe_intermediate_size"}
+OWN_CONFIG = {"olmo2": "olmo2", "gpt-oss": "gpt_oss"}
+MISSED_KEYS = {"attention.key_length": "head_dim", "expert_feed_forward_length": "moe_intermediate_size",
+               "attention.sliding_window": "sliding_window"}
 
 
 def load_config(path: str, architecture: str) -> Any:
@@ -49,7 +52,7 @@ def load_tokenizer(path: str, architecture: str) -> Any:
 def _dense_config(metadata: dict[str, Any], tensor_names: tuple[str, ...], arch: str) -> dict[str, Any]:
     """A dense decoder's config from llama.cpp's keys (the keys transformers maps for llama, qwen2, ...)."""
     key = lambda name: metadata[f"{arch}.{name}"]  # noqa: E731
-    return {
+    out = {
         "model_type": OWN_CONFIG[arch],
         "hidden_size": key("embedding_length"),
         "intermediate_size": key("feed_forward_length"),
@@ -67,3 +70,11 @@ def _dense_config(metadata: dict[str, Any], tensor_names: tuple[str, ...], arch:
         "eos_token_id": metadata.get("tokenizer.ggml.eos_token_id"),
         "pad_token_id": metadata.get("tokenizer.ggml.padding_token_id"),
     }
+    if metadata.get(f"{arch}.rope.scaling.type") == "yarn":
+        out["rope_parameters"] |= {"rope_type": "yarn", "factor": key("rope.scaling.factor"),
+                                   "original_max_position_embeddings": key("rope.scaling.original_context_length")}
+    if arch == "gpt-oss":   # experts only: the feed-forward width is the experts'; gpt-oss's yarn does not truncate
+        out |= {"num_local_experts": key("expert_count"), "num_experts_per_tok": key("expert_used_count"),
+                "intermediate_size": key("expert_feed_forward_length")}
+        out["rope_parameters"] |= {"truncate": False}
+    return out

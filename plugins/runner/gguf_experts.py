@@ -1,10 +1,14 @@
-"""Mixture-of-experts tensors of a GGUF file placed into a transformers experts module (qwen3moe).
+"""Mixture-of-experts tensors of a GGUF file placed into a transformers experts module (qwen3moe, gpt-oss).
 
 llama.cpp stores a layer's experts as 3-D tensors, one matrix per expert (numpy shape [n_expert, rows, k]):
 
     blk.N.ffn_gate_exps  [E, I, H] --+
     blk.N.ffn_up_exps    [E, I, H] --+--> mlp.experts.gate_up_proj [E, 2I, H]   gate rows first: the forward chunks
     blk.N.ffn_down_exps  [E, H, I] -----> mlp.experts.down_proj    [E, H, I]    gate, up in that order
+
+gpt-oss's experts compute x @ W with gate and up interleaved column by column: gate_up_proj [E, H, 2I] (gate 0,
+up 0, gate 1, ...), down_proj [E, I, H], and a bias per expert (ffn_*_exps.bias [E, rows] -> *_proj_bias), its
+weights in MXFP4 (dequantized here with gguf's own NumPy code: the kernels do not take MXFP4).
 
 NOTE: experts are not kept quantized yet: each expert tensor is dequantized to the compute dtype into the module's
 fused parameters (the quantized kernels take one 2-D weight per call, the experts module indexes one 3-D tensor),
@@ -23,7 +27,8 @@ from modelcall.core import ConfigError
 # GGUF expert tensor -> (the experts module's parameter, which half of it: 0 gate, 1 up, None the whole)
 EXPERT_TENSORS: dict[str, tuple[str, int | None]] = {
     "ffn_gate_exps": ("gate_up_proj", 0), "ffn_up_exps": ("gate_up_proj", 1), "ffn_down_exps": ("down_proj", None)}
-_HF_EXPERTS = re.compile(r"(?:model\.)?layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)")
+_HF_EXPERTS = re.compile(r"(?:model\.)?layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(_bias)?")
+INTERLEAVED = ("gpt-oss",)   # gate/up interleaved by column, matrices as x @ W
 
 
 def name_map(model: torch.nn.Module) -> dict[str, str]:
@@ -35,7 +40,7 @@ def name_map(model: torch.nn.Module) -> dict[str, str]:
             continue
         for part, (param, _) in EXPERT_TENSORS.items():
             if param == m[2]:
-                out[f"blk.{m[1]}.{part}.weight"] = hf_name
+                out[f"blk.{m[1]}.{part}.{'bias' if m[3] else 'weight'}"] = hf_name
     return out
 
 
@@ -44,22 +49,39 @@ def place(model: torch.nn.Module, hf_name: str, t: Any, cfg: Any, arch: str, dty
     from modelcall.plugins.runner import gguf_weights
 
     part = t.name.split(".")[2]
-    if part not in EXPERT_TENSORS or not hf_name.endswith(EXPERT_TENSORS[part][0]):
-        raise ConfigError(f"GGUF tensor {t.name} ({arch}) is a 3-D tensor with no expert place in {hf_name}")
-    value = gguf_weights._dense(gguf_weights._raw(t), t.qtype, list(t.ne))   # [E, rows, k] fp32
     path, attr = hf_name.rsplit(".", 1)
+    if part not in EXPERT_TENSORS or attr.removesuffix("_bias") != EXPERT_TENSORS[part][0]:
+        raise ConfigError(f"GGUF tensor {t.name} ({arch}) has no expert place in {hf_name}")
+    value = _values(t)   # [E, rows, k] (a bias: [E, rows]) fp32
     mod = model.get_submodule(path)
     half = EXPERT_TENSORS[part][1]
     if half is not None:
         # NOTE: the parameter stays on meta until both halves came, so a file missing one is reported by name
-        halves = mod.__dict__.setdefault("_gguf_halves", {})
+        halves = mod.__dict__.setdefault("_gguf_halves", {}).setdefault(attr, {})
         halves[half] = value
         if len(halves) < 2:
             return
-        value = torch.cat([halves[0], halves[1]], dim=1)
-        del mod.__dict__["_gguf_halves"]
+        del mod.__dict__["_gguf_halves"][attr]
+        value = (torch.stack([halves[0], halves[1]], dim=2).flatten(1, 2) if arch in INTERLEAVED
+                 else torch.cat([halves[0], halves[1]], dim=1))
+    if arch in INTERLEAVED and value.ndim == 3:
+        value = value.transpose(1, 2).contiguous()
     want = getattr(mod, attr)
     if tuple(want.shape) != tuple(value.shape):
         raise ConfigError(f"GGUF tensor {t.name} makes {hf_name} {tuple(value.shape)}, the model wants "
                           f"{tuple(want.shape)} (expert count or expert_feed_forward_length differ)")
     setattr(mod, attr, torch.nn.Parameter(value.to(dtype), requires_grad=False))
+
+
+def _values(t: Any) -> torch.Tensor:
+    """The tensor dequantized to fp32 in numpy order: the runner's decoders where they know the type, else gguf's."""
+    import gguf
+    import numpy as np
+
+    from modelcall.plugins.runner import gguf_weights, quant
+
+    if t.qtype in gguf_weights.FLOAT_TYPES or t.qtype in quant.GGML_TYPES.values():
+        return gguf_weights._dense(gguf_weights._raw(t), t.qtype, list(t.ne))
+    rows = np.asarray(t.data).reshape(int(np.prod(t.ne[1:])), -1)
+    values = gguf.quants.dequantize(rows, gguf.GGMLQuantizationType(t.qtype))
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32).reshape(tuple(reversed(t.ne))))
