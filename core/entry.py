@@ -21,12 +21,12 @@ from modelcall.core.admission import admit_chat, check_policy
 from modelcall.core.caps import check_caps
 from modelcall.core.context import message_text
 from modelcall.core.errors import (
-    ContentBlocked, InvalidRequest, ModelcallError, Overloaded, Unauthenticated, Unavailable,
+    ContentBlocked, ContextOverflow, InvalidRequest, ModelcallError, Overloaded, Unauthenticated, Unavailable,
 )
 from modelcall.core.metering import Admission, Caller, Exchange, tool_names
 from modelcall.core.params import SamplingParams
 from modelcall.core.permissions import cache_salt, check_model, check_tools, effective_priority
-from modelcall.core.prompt import chat_token_ids, prompt_token_ids_of, resolve_max_tokens
+from modelcall.core.prompt import INLINE_ENCODE_CHARS, chat_token_ids, prompt_token_ids_of, resolve_max_tokens
 from modelcall.core.safety import check_input
 from modelcall.core.submit import Choice, GenerateRequest
 from modelcall.events import RequestRejected
@@ -197,6 +197,8 @@ class Entry:
             if r.pooling is not None and r.prompt is not None:
                 # NOTE: with the special tokens ([CLS] ... [SEP], a BOS or EOS), as sentence-transformers encodes
                 text = getattr(k.pooler, "prefix", "") + r.prompt   # the checkpoint's default prompt, if any
+                if len(text) <= INLINE_ENCODE_CHARS:   # as prompt_token_ids_of: a hop costs more than a short encode
+                    return k.tokenizer.encode(text, add_special_tokens=True)
                 return await anyio.to_thread.run_sync(lambda: k.tokenizer.encode(text, add_special_tokens=True))
             return await prompt_token_ids_of(k.tokenizer, k.spec.vocab_size, r.prompt, r.messages, r.tools,
                                              r.prompt_token_ids, r.chat_template_kwargs)
@@ -237,8 +239,9 @@ class Entry:
         k = self.kernel
         if not ids:
             raise InvalidRequest("a pooling request needs at least one token", field="input")
-        if len(ids) > k.window:
-            raise ContextOverflow(len(ids), 0, k.window)
+        limit = min(k.window, getattr(k.pooler, "max_input_tokens", None) or k.window)
+        if len(ids) > limit:   # refused, not cut: sentence-transformers would truncate silently
+            raise ContextOverflow(len(ids), 0, limit)
         need = -(-len(ids) // k.kv.block_size)
         if need > k.kv.num_blocks:
             raise InvalidRequest(f"the input ({len(ids)} tokens) needs {need} KV blocks but the cache holds "

@@ -50,6 +50,8 @@ class Pooler(Protocol):
     """
 
     hidden_size: int
+    max_input_tokens: int | None
+    """The longest input it pools (None: the model's window); a longer one is refused at entry."""
 
     def resolve(self, params: PoolingParams) -> PoolingPlan: ...
 

@@ -1,7 +1,7 @@
 """The checkpoint's own pooling choice, read from its sentence-transformers files:
 
     modules.json                        Transformer -> Pooling (1_Pooling/) -> Normalize (2_Normalize/)?
-    1_Pooling/config.json               pooling_mode_mean_tokens | _cls_token | _lasttoken
+    1_Pooling/config.json               pooling_mode_mean_tokens | _cls_token | _lasttoken (v6: pooling_mode)
     sentence_bert_config.json           max_seq_length (inputs longer than this are refused, not cut)
     config_sentence_transformers.json   prompts, default_prompt_name (prepended to text inputs)
 """
@@ -17,6 +17,7 @@ from modelcall.core import ConfigError
 # change the vector, so a checkpoint that has one is refused rather than served wrong.
 KNOWN_MODULES = ("Transformer", "Pooling", "Normalize")
 MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_lasttoken": "last"}
+MODES_V6 = {"mean": "mean", "cls": "cls", "lasttoken": "last"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +54,20 @@ def read(model_dir: str) -> CheckpointPooling:
 
 
 def _mode(path: str) -> str:
+    """The one pooling mode of a Pooling module's config: sentence-transformers 6 writes `pooling_mode`
+    ("mean", "cls", "lasttoken", or a list of them), earlier versions one boolean per mode."""
     cfg = _json(path)
+    if cfg.get("include_prompt") is False:
+        raise ConfigError(f"{path}: include_prompt false (pooling that leaves the prompt's tokens out) is not "
+                          "implemented")
+    if "pooling_mode" in cfg:
+        given = cfg["pooling_mode"]
+        names = [given] if isinstance(given, str) else list(given or [])
+        on = [MODES_V6.get(n, n) for n in names]
+        if len(on) != 1 or on[0] not in MODES.values():
+            raise ConfigError(f"{path}: pooling_mode {given!r} — modelcall pools with exactly one of "
+                              f"{', '.join(MODES_V6)}")
+        return on[0]
     on = [name for key, name in MODES.items() if cfg.get(key)]
     others = [k for k, v in cfg.items() if k.startswith("pooling_mode_") and v and k not in MODES]
     if others or len(on) != 1:

@@ -31,7 +31,8 @@ def provide_pooler(config: Any, model_dir: str, runner: Any) -> Any:
         return None
     pooling = asked.get("pooling") or ckpt.pooling or ("cls" if is_encoder else "last")
     normalize = asked.get("normalize", ckpt.normalize if ckpt.normalize is not None else True)
-    return HiddenStatePooler(_hidden_size(runner, model_dir), pooling, bool(normalize), ckpt.prefix)
+    return HiddenStatePooler(_hidden_size(runner, model_dir), pooling, bool(normalize), ckpt.prefix,
+                             ckpt.max_seq_length)
 
 
 def _hidden_size(runner: Any, model_dir: str) -> int:

