@@ -129,6 +129,8 @@ def test_dequantize_equals_gguf_bit_for_bit(kernel, name):
     ids = torch.tensor([[3, 0], [18, 3]])
     assert torch.equal(w.rows(ids), torch.from_numpy(ref)[ids])
     assert torch.equal(w.rows(ids, torch.bfloat16), torch.from_numpy(ref)[ids].to(torch.bfloat16))
+    assert torch.equal(w.dequantize(torch.bfloat16).view(torch.int16),
+                       torch.from_numpy(ref).to(torch.bfloat16).view(torch.int16))
 
 
 @pytest.mark.parametrize("name", ALL_TYPES)

@@ -38,6 +38,16 @@ INLINE void fwiden(const int qt, const uint8_t *row, int64_t k, vf *w) {   /* 32
         }
     }
 }
+/* 16 floats -> bf16, round to nearest even, NaN kept quiet: f2bf's arithmetic on 16 lanes */
+INLINE void vstore_bf16(uint16_t *p, vf v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                        _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    const __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, q)));
+}
 #elif defined(QV256)
 typedef __m256 vf;
 #define NV 4
@@ -61,6 +71,16 @@ INLINE void widen(__m256i q, const qscale *s, vf *w) {
     w[1] = _mm256_fmadd_ps(cvt8(_mm_srli_si128(lo, 8)), dlo, m);
     w[2] = _mm256_fmadd_ps(cvt8(hi), dhi, m);
     w[3] = _mm256_fmadd_ps(cvt8(_mm_srli_si128(hi, 8)), dhi, m);
+}
+INLINE void vstore_bf16(uint16_t *p, vf v) {   /* as the AVX-512 one, on 8 lanes */
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                        _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)))), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000));
+    const __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    const __m256i m = _mm256_blendv_epi8(r, q, nan);
+    _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1)));
 }
 INLINE void fwiden(const int qt, const uint8_t *row, int64_t k, vf *w) {
     for (int i = 0; i < 4; i++) {
@@ -259,7 +279,8 @@ int quant_qmatmul(int qt, const uint8_t *w, int64_t row_bytes, int64_t N, int64_
     return 0;
 }
 
-INLINE void dequantize_row(int qt, const uint8_t *row, int64_t K, float *out) {
+/* one row to fp32 (bf16 == 0) or bf16 at out */
+INLINE void dequantize_row(int qt, const uint8_t *row, int64_t K, void *out, const int bf16) {
     const int64_t G = K / 32;
     for (int64_t g = 0; g < G; g++) {
 #if defined(QVEC)
@@ -277,16 +298,28 @@ INLINE void dequantize_row(int qt, const uint8_t *row, int64_t K, float *out) {
         case GT_BF16: vgroup(GT_BF16, row, g, w); break;
         default: vgroup(GT_F32, row, g, w); break;
         }
-        for (int i = 0; i < NV; i++) vstore(out + 32 * g + i * VL, w[i]);
+        for (int i = 0; i < NV; i++) {
+            if (bf16) vstore_bf16((uint16_t *)out + 32 * g + i * VL, w[i]);
+            else vstore((float *)out + 32 * g + i * VL, w[i]);
+        }
 #else
-        sgroup(qt, row, g, out + 32 * g);
+        float w[32];
+        sgroup(qt, row, g, w);
+        for (int j = 0; j < 32; j++) {
+            if (bf16) ((uint16_t *)out)[32 * g + j] = f2bf(w[j]);
+            else ((float *)out)[32 * g + j] = w[j];
+        }
 #endif
     }
     if (is_float_type(qt))
-        for (int64_t k = 32 * G; k < K; k++) out[k] = fscalar(qt, row, k);
+        for (int64_t k = 32 * G; k < K; k++) {
+            const float v = fscalar(qt, row, k);
+            if (bf16) ((uint16_t *)out)[k] = f2bf(v);
+            else ((float *)out)[k] = v;
+        }
 }
 
-/* out[i * os ..] = W[ids ? ids[i] : r0 + i] as fp32 (or bf16), i < nrows. Returns 0, -1, -2, -3, or -4 (an id
+/* out[i * os ..] = W[ids ? ids[i] : r0 + i] as fp32 (or bf16), i < nrows. Returns 0, -1, -2, or -4 (an id
  * out of [0, n_total)). */
 int quant_dequantize_rows(int qt, const uint8_t *w, int64_t row_bytes, int64_t n_total, int64_t K,
                           const int64_t *ids, int64_t r0, int64_t nrows, void *out, int out_bf16, int64_t os,
@@ -298,29 +331,13 @@ int quant_dequantize_rows(int qt, const uint8_t *w, int64_t row_bytes, int64_t n
         if (r < 0 || r >= n_total) return -4;
     }
     const int par = nt > 1 && nrows >= 2 * nt && nrows * K >= PAR_MIN;
-    int failed = 0;
-#pragma omp parallel num_threads(nt) if (par)
-    {
-        float *buf = out_bf16 ? (float *)malloc((size_t)(K + 32) * sizeof(float)) : 0;
-        if (out_bf16 && !buf) {
-#pragma omp atomic write
-            failed = 1;
-        } else {
-#pragma omp for schedule(static)
-            for (int64_t i = 0; i < nrows; i++) {
-                const uint8_t *row = w + (ids ? ids[i] : r0 + i) * row_bytes;
-                if (out_bf16) {
-                    dequantize_row(qt, row, K, buf);
-                    uint16_t *o = (uint16_t *)out + i * os;
-                    for (int64_t k = 0; k < K; k++) o[k] = f2bf(buf[k]);
-                } else {
-                    dequantize_row(qt, row, K, (float *)out + i * os);
-                }
-            }
-        }
-        free(buf);
+#pragma omp parallel for num_threads(nt) schedule(static) if (par)
+    for (int64_t i = 0; i < nrows; i++) {
+        const uint8_t *row = w + (ids ? ids[i] : r0 + i) * row_bytes;
+        if (out_bf16) dequantize_row(qt, row, K, (uint16_t *)out + i * os, 1);
+        else dequantize_row(qt, row, K, (float *)out + i * os, 0);
     }
-    return failed ? -3 : 0;
+    return 0;
 }
 
 /* out rows [nrows, K / block * bytes] from fp32 x rows (stride xs): Q8_0 and Q4_0 as gguf.quants makes them, Q4_K
