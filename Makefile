@@ -1,4 +1,4 @@
-# Two commands on a fresh machine:  make run  (serve the built-in demo model)  ·  make test
+# Two commands on a fresh machine:  make run  (serve the default model, SmolLM2-135M-Instruct)  ·  make test
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q torch==2.13.0 numpy
 	# every extra: the tests' (which hold scale, otel and cuda's packages) and the benchmarks' plots
 	$(PIP) install -q -e '.[test,bench]'
+	# the real GGUF models (the default model and the tests' second file), fetched once into the user cache
+	$(VENV)/bin/modelcall fetch-model smollm2 gemma3-270m
 	touch $(STAMP)
 
 install: $(STAMP)
