@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-# llama.cpp architecture name -> (the config of the tiny HF model, transformers module name of its config class)
+# the tiny shapes: head_dim * heads = hidden, every row a whole number of 32-value blocks (Q8_0, MXFP4)
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FF, LAYERS, WINDOW = 64, 4, 2, 16, 96, 2, 8
 MERGES = [("Ġ", c) for c in "tainswhobcmdfplrgeuy"] + [("t", "h"), ("h", "e"), ("i", "n"), ("e", "r"), ("a", "n")]
 
@@ -44,6 +44,7 @@ def _common(**extra: Any) -> dict[str, Any]:
                 pad_token_id=None, tie_word_embeddings=False, rms_norm_eps=1e-5, **extra)
 
 
+# llama.cpp architecture name -> the tiny HF config (from the transformers module)
 CONFIGS: dict[str, Callable[[Any], Any]] = {
     "llama": lambda t: t.LlamaConfig(**_common(rope_theta=10000.0)),
     "mistral": lambda t: t.MistralConfig(**_common(sliding_window=None)),
