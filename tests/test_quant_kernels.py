@@ -277,13 +277,13 @@ def test_quant_linear_small_and_large_token_counts(kernel):
     lin = Q.QuantLinear(Q.qweight_from_bytes(raw, T["Q4_K"], n, k), bias)
     assert (lin.in_features, lin.out_features) == (k, n)
     ref = reference(raw, "Q4_K")
-    limit = Q.DENSE_FROM_TOKENS[torch.float32]
+    limit = Q.dense_from_tokens(torch.float32)
     for tokens in (1, limit, limit + 1):
         x = torch.randn(1, tokens, k)
         y = lin(x)
         assert y.shape == (1, tokens, n)
         assert_matmul_close(y.reshape(tokens, n), x.reshape(tokens, k), ref, bias)
-    limit = Q.DENSE_FROM_TOKENS[torch.bfloat16]
+    limit = Q.dense_from_tokens(torch.bfloat16)
     for tokens in (limit, limit + 1):                 # bf16 weight on the dense side: within bf16 rounding
         x = torch.randn(tokens, k).to(torch.bfloat16)
         want = x.double() @ torch.from_numpy(ref).double().T + bias.double()

@@ -273,13 +273,19 @@ def quantize(w: torch.Tensor, qtype: int) -> QWeight:
 # qmatmul / dequantize + bf16 linear, Q4_1 1536x576: 8 tokens 144 / 220 us, 16: 253 / 284, 32: 555 / 317;
 # Q4_K 640x2048: 8: 371 / 542, 16: 717 / 553. With fp32 activations the dense path is an fp32 linear, slower:
 # Q4_1 1536x576, 128 tokens 2275 / 2775 us, 256: 4239 / 6025; Q4_K 640x2048, 128: 5621 / 4101.
-DENSE_FROM_TOKENS: dict[torch.dtype, int] = {torch.bfloat16: 16, torch.float32: 128}
+DENSE_FROM_TOKENS = 16          # bf16 activations
+DENSE_FROM_TOKENS_FP32 = 128    # fp32 activations
+
+
+def dense_from_tokens(dtype: torch.dtype) -> int:
+    """Tokens above which a matmul with activations of `dtype` is faster dequantized + torch's (see the NOTE)."""
+    return DENSE_FROM_TOKENS_FP32 if dtype == torch.float32 else DENSE_FROM_TOKENS
 
 
 class QuantLinear(torch.nn.Module):
     """nn.Linear over a quantized weight: qmatmul for few tokens (decode), dequantize + torch matmul for many.
 
-    NOTE: above DENSE_FROM_TOKENS the weight is dequantized on each call (no dense copy is kept: that would undo
+    NOTE: above dense_from_tokens(x.dtype) the weight is dequantized on each call (no dense copy is kept: that would undo
     the memory saving)."""
 
     def __init__(self, qweight: QWeight, bias: torch.Tensor | None = None, int8: bool = False) -> None:
@@ -291,7 +297,7 @@ class QuantLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in_features] fp32 or bf16 -> [..., out_features] in x's dtype."""
         tokens = x.numel() // max(1, self.in_features)
-        if tokens <= DENSE_FROM_TOKENS.get(x.dtype, 0):
+        if tokens <= dense_from_tokens(x.dtype):
             return qmatmul(x, self.qweight, self.bias, int8=self.int8)
         w = self.qweight.dequantize(x.dtype)
         return torch.nn.functional.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
