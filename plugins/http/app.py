@@ -23,7 +23,8 @@ from modelcall.core import Kernel, ModelcallError
 from modelcall.core.metering import EXCHANGE_KEY, Exchange
 from modelcall.events import RequestRejected
 from modelcall.plugins.http import anthropic_messages, openai_chat, openai_completions, openapi
-from modelcall.plugins.http import responses
+from modelcall.plugins.http import embeddings, responses
+from modelcall.plugins.http.embeddings import EmbeddingRequest
 from modelcall.plugins.http.schemas_responses import ResponsesRequest
 from modelcall.plugins.http import schemas_anthropic as A
 from modelcall.plugins.http import schemas_openai as O
@@ -68,6 +69,7 @@ def create_app(kernel: Kernel, settings: ServerSettings | None = None, *, middle
     add("POST", "/v1/responses/{response_id}/cancel", responses.cancel)
     add("GET", "/v1/responses/{response_id}/input_items", responses.input_items)
     add("GET", "/v1/models", models)
+    add("POST", "/v1/embeddings", _json_route(EmbeddingRequest, embeddings.handle))
     add("GET", "/health", health)
     add("GET", "/ready", ready)
     add("GET", "/-/stats", stats)
@@ -206,7 +208,9 @@ def _json_bytes(body: bytes, status: int = 200, headers: dict[str, str] | None =
 async def models(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     created = int(time.time() - time.monotonic() + (ctx.kernel.started_at or time.monotonic()))
-    cards = [O.ModelCard(id=name, created=created, max_model_len=ctx.kernel.window) for name in ctx.model_names]
+    task = getattr(ctx.kernel, "task", None)
+    cards = [O.ModelCard(id=name, created=created, max_model_len=ctx.kernel.window, task=task)
+             for name in ctx.model_names]
     return _json_bytes(O.encoder.encode(O.ModelList(data=cards)))
 
 

