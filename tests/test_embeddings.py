@@ -159,3 +159,29 @@ async def test_a_pooling_request_publishes_pooled_then_finished_with_prompt_usag
     assert type(done) is Finished and done.reason == "stop"
     assert done.usage.prompt_tokens == len(ids) and done.usage.completion_tokens == 0
     assert ids[0] == 101 and ids[-1] == 102   # [CLS] ... [SEP], as sentence-transformers encodes
+
+
+async def test_pooling_requests_join_a_running_generation_without_changing_it(last_dir):
+    """Embeddings arriving mid-stream are prefilled in the generation's steps (chunked at 16 tokens) and
+    finish while it runs; its greedy tokens are the ones it makes alone."""
+    from modelcall.events import TokensEmitted
+    ref = reference(last_dir, TEXTS)
+    async with kernel_of(last_dir, max_num_batched_tokens=16) as k:
+        alone = await k.complete("Once upon a time", max_tokens=40, temperature=0.0, ignore_eos=True)
+        gen = await k.submit("Once upon a time", max_tokens=40, temperature=0.0, ignore_eos=True)
+        tokens, pooled_at, handles = [], [], []
+        async for ev in gen:
+            if type(ev) is TokensEmitted:
+                tokens.extend(ev.token_ids)
+                if len(tokens) == 2:
+                    handles = [await k.submit(GenerateRequest(prompt=t, pooling=PoolingParams())) for t in TEXTS]
+            elif type(ev) is Finished:
+                gen_done = ev.ts
+        results = []
+        for h in handles:
+            events = [ev async for ev in h]
+            pooled_at.append(next(e.ts for e in events if type(e) is Pooled))
+            results.append(next(e.embedding for e in events if type(e) is Pooled))
+    assert tokens == alone.token_ids
+    assert max(pooled_at) < gen_done   # pooled while the generation was still running
+    assert min(cosines(np.array(results), ref)) >= 0.9999
