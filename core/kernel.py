@@ -86,9 +86,10 @@ class Kernel(Submitting):
 
     @property
     def task(self) -> str:
-        """What the model serves: "generate", "embed" (an encoder: pooling only) or both ("generate,embed")."""
+        """What the model serves: "generate", "embed" or "score" (its pooler's task), or both ("generate,embed")."""
         generates = getattr(self.runner, "generates", True)
-        tasks = (["generate"] if generates else []) + (["embed"] if self.pooler is not None else [])
+        pools = getattr(self.pooler, "task", "embed") if self.pooler is not None else None
+        tasks = (["generate"] if generates else []) + ([pools] if pools else [])
         return ",".join(tasks)
 
     @property

@@ -11,7 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
-POOLING_TYPES = ("mean", "cls", "last")
+POOLING_TYPES = ("mean", "cls", "last")   # a scorer's (cross-encoder's) plan is "score"
 
 
 class PoolingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -47,9 +47,13 @@ class Pooler(Protocol):
     per request when its prompt is computed, on the event loop: `parts` are the runner's hidden-state
     rows for the request's chunks in position order (every prompt token's for `every_token` plans, only
     the last token's otherwise), `token_ids` the prompt. It returns the vector as floats.
+
+    Optional attribute `task`: "embed" (the default: vectors) or "score" (a cross-encoder: a text pair's
+    relevance, the front end's rerank and score routes).
     """
 
     hidden_size: int
+    """The vector's length (for a scorer: its labels)."""
     max_input_tokens: int | None
     """The longest input it pools (None: the model's window); a longer one is refused at entry."""
 

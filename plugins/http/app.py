@@ -23,7 +23,7 @@ from modelcall.core import Kernel, ModelcallError
 from modelcall.core.metering import EXCHANGE_KEY, Exchange
 from modelcall.events import RequestRejected
 from modelcall.plugins.http import anthropic_messages, openai_chat, openai_completions, openapi
-from modelcall.plugins.http import embeddings, responses
+from modelcall.plugins.http import embeddings, rerank, responses
 from modelcall.plugins.http.embeddings import EmbeddingRequest
 from modelcall.plugins.http.schemas_responses import ResponsesRequest
 from modelcall.plugins.http import schemas_anthropic as A
@@ -70,6 +70,10 @@ def create_app(kernel: Kernel, settings: ServerSettings | None = None, *, middle
     add("GET", "/v1/responses/{response_id}/input_items", responses.input_items)
     add("GET", "/v1/models", models)
     add("POST", "/v1/embeddings", _json_route(EmbeddingRequest, embeddings.handle))
+    for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
+        add("POST", path, _json_route(rerank.RerankRequest, rerank.rerank))
+    for path in ("/v1/score", "/score"):
+        add("POST", path, _json_route(rerank.ScoreRequest, rerank.score))
     add("GET", "/health", health)
     add("GET", "/ready", ready)
     add("GET", "/-/stats", stats)

@@ -92,6 +92,8 @@ def encode_vector(vector: list[float], fmt: str) -> list[float] | str:
 
 async def handle(request: web.Request, ctx: ServingContext, body: EmbeddingRequest) -> web.Response:
     model = ctx.check_model(body.model)
+    if "embed" not in ctx.kernel.task.split(","):
+        raise ApiError(400, f"model {model!r} serves {ctx.kernel.task!r}, not embeddings", param="model")
     prompts = inputs_of(body)
     pooling = PoolingParams(normalize=body.normalize, dimensions=body.dimensions)
     handles: list[RequestHandle] = []

@@ -49,7 +49,15 @@ class EncoderRunner:
         if dtype is None:
             raise ConfigError(f"dtype {config.dtype!r}: the encoder runner takes float32, bfloat16 or float16")
         hf = AutoConfig.from_pretrained(model_dir, local_files_only=True)
-        self.model = AutoModel.from_pretrained(model_dir, local_files_only=True, dtype=dtype).to(device).eval()
+        # A sequence-classification checkpoint (a cross-encoder) scores: its head's logits are the pooled rows
+        self.classifies = any(a.endswith("ForSequenceClassification") for a in getattr(hf, "architectures", None) or ())
+        auto = AutoModel
+        if self.classifies:
+            from transformers import AutoModelForSequenceClassification as auto
+        self.model = auto.from_pretrained(model_dir, local_files_only=True, dtype=dtype).to(device).eval()
+        self.num_labels = int(getattr(hf, "num_labels", 1)) if self.classifies else 0
+        # NOTE: a pair's second text has token type 1 (BERT's segment B): after the first [SEP]
+        self.sep_id = _sep_id(model_dir) if self.classifies and int(getattr(hf, "type_vocab_size", 1) or 1) > 1 else None
         self.model.requires_grad_(False)
         self.device, self.dtype = device, dtype
         self.pad_id = int(getattr(hf, "pad_token_id", None) or 0)
@@ -97,9 +105,17 @@ class EncoderRunner:
             n = r.num_prompt_tokens
             ids[b, :n] = torch.tensor(r.all_token_ids[:n])
             mask[b, :n] = 1
+        kw = {}
+        if self.sep_id is not None:
+            first_sep = (ids == self.sep_id).int().cumsum(1)
+            kw["token_type_ids"] = ((first_sep - (ids == self.sep_id).int()) > 0).long() * mask
         with torch.inference_mode():
-            hidden = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).last_hidden_state
-        hidden = hidden.float().cpu()
+            out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                             **{k: v.to(self.device) for k, v in kw.items()})
+        if self.classifies:
+            logits = out.logits.float().cpu()
+            return {i: logits[b:b + 1] for b, (i, _) in enumerate(ending)}
+        hidden = out.last_hidden_state.float().cpu()
         out = {}
         for b, (i, r) in enumerate(ending):
             n = r.num_prompt_tokens
@@ -108,3 +124,8 @@ class EncoderRunner:
 
     def close(self) -> None:
         self.model = None  # type: ignore[assignment]
+
+
+def _sep_id(model_dir: str) -> int | None:
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(model_dir, local_files_only=True).sep_token_id

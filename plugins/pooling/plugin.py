@@ -19,12 +19,15 @@ def provide_model_runner(config: Any, model_dir: str, sampler: Any) -> Any:
 
 @hookimpl(trylast=True)
 def provide_pooler(config: Any, model_dir: str, runner: Any) -> Any:
-    """An encoder always pools (default CLS, normalized); a decoder pools when its directory has
+    """A sequence-classification encoder scores (ScorePooler); another encoder always pools (default CLS,
+    normalized); a decoder pools when its directory has
     sentence-transformers files or `plugin_config["pooling"]` names a pooling (default last-token, normalized).
     The checkpoint's choice wins over the defaults, the configuration over both."""
     from modelcall.plugins.pooling import checkpoint
-    from modelcall.plugins.pooling.pooler import HiddenStatePooler
+    from modelcall.plugins.pooling.pooler import HiddenStatePooler, ScorePooler
     ckpt = checkpoint.read(model_dir)
+    if getattr(runner, "classifies", False):   # a cross-encoder: rerank and score
+        return ScorePooler(runner.num_labels, ckpt.max_seq_length)
     asked = (getattr(config, "plugin_config", None) or {}).get("pooling") or {}
     is_encoder = not getattr(runner, "generates", True)
     if not (is_encoder or ckpt.sentence_transformers or asked.get("pooling")):

