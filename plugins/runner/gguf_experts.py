@@ -1,4 +1,4 @@
-"""Mixture-of-experts tensors of a GGUF file placed into a transformers experts module (qwen3moe, gpt-oss).
+"""Mixture-of-experts tensors of a GGUF file placed into the model's experts modules (qwen3moe, gpt-oss).
 
 llama.cpp stores a layer's experts as 3-D tensors, one matrix per expert (numpy shape [n_expert, rows, k]):
 
@@ -10,16 +10,18 @@ gpt-oss's experts compute x @ W with gate and up interleaved column by column: g
 up 0, gate 1, ...), down_proj [E, I, H], and a bias per expert (ffn_*_exps.bias [E, rows] -> *_proj_bias), its
 weights in MXFP4 (dequantized here with gguf's own NumPy code: the kernels do not take MXFP4).
 
-NOTE: experts are not kept quantized yet: each expert tensor is dequantized to the compute dtype into the module's
-fused parameters (the quantized kernels take one 2-D weight per call, the experts module indexes one 3-D tensor),
-so a mixture-of-experts file takes the memory of its dense checkpoint for the experts; attention, embeddings and
-the router stay as gguf_weights places them.
+qwen3moe's experts stay quantized: the experts module is replaced by QuantExperts, one QuantLinear per expert and
+projection over that expert's rows of the 3-D tensor's bytes (the same kernels as every other linear), so the
+experts take the file's bytes in memory. NOTE: gpt-oss's experts are not kept quantized yet: MXFP4 has no kernel
+here, so they are dequantized to the compute dtype into the module's fused parameters (the memory of a dense
+checkpoint for the experts). Attention, embeddings and the router stay as gguf_weights places them.
 """
 from __future__ import annotations
 
 import re
 from typing import Any
 
+import numpy as np
 import torch
 
 from modelcall.core import ConfigError
@@ -44,14 +46,57 @@ def name_map(model: torch.nn.Module) -> dict[str, str]:
     return out
 
 
-def place(model: torch.nn.Module, hf_name: str, t: Any, cfg: Any, arch: str, dtype: torch.dtype) -> None:
-    """Put the 3-D GGUF tensor `t` into `hf_name` (a half of gate_up_proj waits on the module for the other)."""
-    from modelcall.plugins.runner import gguf_weights
+class QuantExperts(torch.nn.Module):
+    """transformers' fused experts module (Qwen3MoeExperts' forward) over quantized weights: per expert, gate, up
+    and down QuantLinears. Until the file gave a projection, a meta parameter of the fused name stands for it, so
+    the loader's missing-tensor check names what a file lacks."""
 
+    def __init__(self, experts: torch.nn.Module) -> None:
+        super().__init__()
+        self.num_experts = experts.num_experts
+        self.act_fn = experts.act_fn
+        self.gate, self.up, self.down = (torch.nn.ModuleList() for _ in range(3))
+        e, two_i, h = experts.gate_up_proj.shape
+        self.expected = {"ffn_gate_exps": (e, two_i // 2, h), "ffn_up_exps": (e, two_i // 2, h),
+                         "ffn_down_exps": tuple(experts.down_proj.shape)}   # [E, rows, k] of each GGUF tensor
+        for name in ("gate_up_proj", "down_proj"):
+            self.register_parameter(name, getattr(experts, name))
+
+    def fill(self, part: str, t: Any) -> None:
+        """The expert tensor `t` (GGUF part ffn_gate_exps, ffn_up_exps or ffn_down_exps) as one QuantLinear a row."""
+        from modelcall.plugins.runner import gguf_weights, quant
+
+        k, n, e = t.ne
+        rows = gguf_weights._raw(t).reshape(e, n, -1)
+        target = {"ffn_gate_exps": self.gate, "ffn_up_exps": self.up, "ffn_down_exps": self.down}[part]
+        target.extend(quant.QuantLinear(quant.qweight_from_bytes(np.array(rows[i]), t.qtype, n, k))
+                      for i in range(e))
+        if part == "ffn_down_exps":
+            del self._parameters["down_proj"]
+        elif len(self.gate) and len(self.up):
+            del self._parameters["gate_up_proj"]
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(hidden_states)
+        for e in torch.unique(top_k_index).tolist():
+            token_idx, top_k_pos = torch.where(top_k_index == e)
+            x = hidden_states[token_idx]
+            h = self.down[e](self.act_fn(self.gate[e](x)) * self.up[e](x))
+            out.index_add_(0, token_idx, (h * top_k_weights[token_idx, top_k_pos, None]).to(out.dtype))
+        return out
+
+
+def place(model: torch.nn.Module, hf_name: str, t: Any, cfg: Any, arch: str, dtype: torch.dtype) -> None:
+    """Put the 3-D GGUF tensor `t` into `hf_name`: kept quantized in a QuantExperts (qwen3moe), or dequantized
+    (gpt-oss: a half of gate_up_proj waits on the module for the other)."""
     part = t.name.split(".")[2]
     path, attr = hf_name.rsplit(".", 1)
     if part not in EXPERT_TENSORS or attr.removesuffix("_bias") != EXPERT_TENSORS[part][0]:
         raise ConfigError(f"GGUF tensor {t.name} ({arch}) has no expert place in {hf_name}")
+    if arch not in INTERLEAVED and not attr.endswith("_bias"):
+        _keep_quantized(model, path, hf_name, part, t)
+        return
     value = _values(t)   # [E, rows, k] (a bias: [E, rows]) fp32
     mod = model.get_submodule(path)
     half = EXPERT_TENSORS[part][1]
@@ -73,10 +118,22 @@ def place(model: torch.nn.Module, hf_name: str, t: Any, cfg: Any, arch: str, dty
     setattr(mod, attr, torch.nn.Parameter(value.to(dtype), requires_grad=False))
 
 
+def _keep_quantized(model: torch.nn.Module, path: str, hf_name: str, part: str, t: Any) -> None:
+    mod = model.get_submodule(path)
+    if not isinstance(mod, QuantExperts):
+        mod = QuantExperts(mod)
+        parent, _, child = path.rpartition(".")
+        setattr(model.get_submodule(parent), child, mod)
+    k, n, e = t.ne
+    if (e, n, k) != mod.expected[part]:
+        raise ConfigError(f"GGUF tensor {t.name} is [{e}, {n}, {k}] (experts, rows, k), {hf_name} wants "
+                          f"{list(mod.expected[part])} of it (expert count or expert_feed_forward_length differ)")
+    mod.fill(part, t)
+
+
 def _values(t: Any) -> torch.Tensor:
     """The tensor dequantized to fp32 in numpy order: the runner's decoders where they know the type, else gguf's."""
     import gguf
-    import numpy as np
 
     from modelcall.plugins.runner import gguf_weights, quant
 
