@@ -37,7 +37,7 @@ log = logging.getLogger("modelcall.runner")
 MARKER = "gguf.json"
 # What the runner serves from GGUF: llama.cpp's architecture name -> the transformers model class it maps to.
 # NOTE: every family the runner serves from safetensors that llama.cpp also writes as GGUF. qwen3moe's 3-D expert
-# tensors are dequantized at load (gguf_experts.py); gpt-oss (MXFP4 experts) and qwen2moe are refused by name.
+# tensors stay quantized, gpt-oss's (MXFP4) are dequantized at load (gguf_experts.py); qwen2moe is refused by name.
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
@@ -47,10 +47,12 @@ ARCHITECTURES = {
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
-    "qwen3moe": "Qwen3MoeForCausalLM",   # experts dequantized into the fused parameters (gguf_experts.py)
+    "qwen3moe": "Qwen3MoeForCausalLM",   # experts kept quantized, one QuantLinear each (gguf_experts.py)
+    "gpt-oss": "GptOssForCausalLM",
 }
-NOT_YET = {"gpt-oss": "mixture-of-experts tensors in MXFP4",
-           "qwen2moe": "mixture-of-experts tensors"}
+# tensor types the kernels lack that an architecture's expert tensors may have: dequantized at load (gguf_experts.py)
+EXPERT_TYPES = {"gpt-oss": {"MXFP4"}}
+NOT_YET = {"qwen2moe": "mixture-of-experts tensors with shared experts"}
 # Gemma's turn format, for Gemma files that carry no template (the base models): the tokens exist in every Gemma
 # vocabulary; written here from the format, system text folded into the first user turn as Gemma's own template does.
 GEMMA_TEMPLATE = (
@@ -128,7 +130,7 @@ def check_supported(info: GGUFInfo, supported_types: set[str]) -> None:
     if info.architecture not in ARCHITECTURES:
         raise ConfigError(f"{info.path}: GGUF architecture {info.architecture!r} is not supported; supported: "
                           f"{', '.join(sorted(ARCHITECTURES))}")
-    bad = sorted(set(info.tensor_types) - supported_types)
+    bad = sorted(set(info.tensor_types) - supported_types - EXPERT_TYPES.get(info.architecture, set()))
     if bad:
         raise ConfigError(f"{info.path}: tensor type(s) {', '.join(bad)} not supported by the quantized kernels; "
                           f"supported: {', '.join(sorted(supported_types))}")

@@ -109,6 +109,8 @@ def name_map(model: torch.nn.Module, architecture: str, num_layers: int) -> dict
         found = table.get_name(base) or (table.get_name(base.split(".", 1)[1]) if "." in base else None)
         if found is not None:
             out[f"{found}.{suffix}"] = hf_name
+        elif (whole := table.get_name(hf_name)) is not None:   # a bare parameter (gpt-oss's sinks), named .weight
+            out[f"{whole}.weight"] = hf_name
     from modelcall.plugins.runner import gguf_experts
     out.update(gguf_experts.name_map(model))   # fused expert parameters: the name tables know only per-expert ones
     return out
@@ -136,7 +138,7 @@ def _place(model: torch.nn.Module, hf_name: str, t: gguf_tensors.TensorEntry, cf
     mod, path, attr = _module(model, hf_name)
     qtype = t.qtype
     ne = list(t.ne)          # ne[0]: the input dimension (values per row)
-    if len(ne) == 3:         # mixture-of-experts tensors: one matrix per expert (gguf_experts.py)
+    if len(ne) == 3 or "_exps." in t.name:   # mixture-of-experts tensors and their biases (gguf_experts.py)
         from modelcall.plugins.runner import gguf_experts
         gguf_experts.place(model, hf_name, t, cfg, arch, dtype)
         return
