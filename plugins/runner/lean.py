@@ -105,7 +105,7 @@ def _fused_quant(parts: list[Any]) -> Linear | None:
         at += p.qweight.shape[0]
 
     def run(x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] > quant.DENSE_FROM_TOKENS:   # prefill: each part's dequantized GEMM
+        if x.shape[0] > quant.dense_from_tokens(x.dtype):   # prefill: each part's dequantized GEMM
             return torch.cat([p.forward(x) for p in parts], -1)   # each part adds its own bias
         out = x.new_empty(x.shape[0], at)
         for qw, a, b in bounds:   # each part writes its own columns (a row stride of `at`)
