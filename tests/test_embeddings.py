@@ -185,3 +185,15 @@ async def test_pooling_requests_join_a_running_generation_without_changing_it(la
     assert tokens == alone.token_ids
     assert max(pooled_at) < gen_done   # pooled while the generation was still running
     assert min(cosines(np.array(results), ref)) >= 0.9999
+
+
+async def test_a_closed_pooling_request_is_aborted_and_frees_its_blocks(minilm_dir):
+    """What a client hanging up does (the handler closes its handles): Finished(abort), nothing pooled, no blocks."""
+    async with kernel_of(minilm_dir, max_num_batched_tokens=8) as k:
+        free = k.kv.num_free_blocks()
+        handle = await k.submit(GenerateRequest(prompt=TEXTS[2], pooling=PoolingParams()))
+        handle.abort()
+        events = [ev async for ev in handle]
+        assert type(events[-1]) is Finished and events[-1].reason == "abort"
+        assert not any(type(e) is Pooled for e in events)
+        assert k.engine.num_unfinished == 0 and k.kv.num_free_blocks() == free

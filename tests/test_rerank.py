@@ -87,3 +87,17 @@ def test_scorer_refusals(server):
     assert r.status_code == 400 and "not embeddings" in r.json()["error"]["message"]
     models = httpx.get(url + "/v1/models", timeout=10).json()["data"]
     assert models[0]["task"] == "score"
+
+
+def test_the_cohere_sdk_reranks_against_the_server(server, reference):
+    """vLLM's rerank example, unchanged: the v1 Client and ClientV2 with base_url at the server."""
+    cohere = pytest.importorskip("cohere")
+    texts = [d if isinstance(d, str) else d["text"] for d in DOCS]
+    want = sorted(range(len(texts)), key=lambda i: -reference[i])[:2]
+    v1 = cohere.Client(base_url=server.base_url, api_key="unused").rerank(model="cross", query=QUERY,
+                                                                           documents=texts, top_n=2)
+    v2 = cohere.ClientV2(base_url=server.base_url, api_key="unused").rerank(model="cross", query=QUERY,
+                                                                             documents=texts, top_n=2)
+    for out in (v1, v2):
+        assert [r.index for r in out.results] == want
+        assert max(abs(r.relevance_score - reference[r.index]) for r in out.results) <= 1e-4
