@@ -108,3 +108,20 @@ def test_models_show_the_task_and_generation_is_refused(server, client):
     assert [(m["id"], m["task"]) for m in models] == [("minilm", "embed")]
     with pytest.raises(openai.BadRequestError, match="embedding model"):
         client.completions.create(model="minilm", prompt="Hello", max_tokens=4)
+
+
+def test_metrics_count_embedding_tokens_as_prompt_tokens_with_their_own_name(server, client):
+    import re
+
+    def counters() -> tuple[float, float]:
+        text = httpx.get(server.base_url + "/metrics", timeout=10).text
+        found = [re.search(rf'^modelcall:{name}_total{{model_name="minilm"}} (\S+)$', text, re.M)
+                 for name in ("prompt_tokens", "pooling_prompt_tokens")]
+        assert all(found), text[:2000]
+        return tuple(float(m.group(1)) for m in found)
+
+    before = counters()
+    out = client.embeddings.create(model="minilm", input=TEXTS, encoding_format="float")
+    after = counters()
+    used = out.usage.prompt_tokens
+    assert (after[0] - before[0], after[1] - before[1]) == (used, used)

@@ -43,6 +43,8 @@ class KernelMetrics:
                                   buckets=REQUEST, registry=r)
         self.c_prompt = Counter(P + "prompt_tokens", "Prompt tokens of finished requests.", m, registry=r)
         self.c_gen = Counter(P + "generation_tokens", "Generated tokens of finished requests.", m, registry=r)
+        self.c_pooled = Counter(P + "pooling_prompt_tokens", "Prompt tokens of pooling requests (embeddings, rerank, "
+                                "score); prompt_tokens counts them too.", m, registry=r)
         self.c_cached = Counter(P + "cached_prompt_tokens", "Prompt tokens read from the prefix cache.", m,
                                 registry=r)
         self.c_success = Counter(P + "request_success", "Finished requests by finish reason.",
@@ -63,6 +65,7 @@ class KernelMetrics:
         self.queue, self.prefill, self.decode = (h.labels(model) for h in (self.h_queue, self.h_prefill, self.h_decode))
         self.prompt, self.gen, self.cached = (c.labels(model) for c in (self.c_prompt, self.c_gen, self.c_cached))
         self.preempt = self.c_preempt.labels(model)
+        self.pooled = self.c_pooled.labels(model)
         self.success = {reason: self.c_success.labels(model, reason) for reason in REASONS}
 
     def attach(self, kernel: Any) -> None:
@@ -94,6 +97,9 @@ class KernelMetrics:
         if child is None:
             child = self.success[ev.reason] = self.c_success.labels(self.model, ev.reason)
         child.inc()
+
+    def on_pooled(self, ev: Any) -> None:
+        self.pooled.inc(ev.num_prompt_tokens)
 
     def on_failed(self, ev: Any) -> None:
         self._last_token.pop(ev.request_id, None)
