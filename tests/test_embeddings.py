@@ -161,12 +161,13 @@ async def test_a_pooling_request_publishes_pooled_then_finished_with_prompt_usag
     assert ids[0] == 101 and ids[-1] == 102   # [CLS] ... [SEP], as sentence-transformers encodes
 
 
-async def test_pooling_requests_join_a_running_generation_without_changing_it(last_dir):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+async def test_pooling_requests_join_a_running_generation_without_changing_it(last_dir, async_scheduling):
     """Embeddings arriving mid-stream are prefilled in the generation's steps (chunked at 16 tokens) and
-    finish while it runs; its greedy tokens are the ones it makes alone."""
+    finish while it runs; its greedy tokens are the ones it makes alone (with async scheduling too)."""
     from modelcall.events import TokensEmitted
     ref = reference(last_dir, TEXTS)
-    async with kernel_of(last_dir, max_num_batched_tokens=16) as k:
+    async with kernel_of(last_dir, max_num_batched_tokens=16, async_scheduling=async_scheduling) as k:
         alone = await k.complete("Once upon a time", max_tokens=40, temperature=0.0, ignore_eos=True)
         gen = await k.submit("Once upon a time", max_tokens=40, temperature=0.0, ignore_eos=True)
         tokens, pooled_at, handles = [], [], []
