@@ -4,7 +4,6 @@ sentence-transformers' own files and read back from them; chunked prefill, the P
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
 import numpy as np
