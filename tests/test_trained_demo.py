@@ -42,14 +42,14 @@ def test_get_weather_is_deterministic_and_typed():
     assert all(-9 <= r["temperature_c"] <= 34 for r in reports)
 
 
-# ---- which demo model is the default --------------------------------------------------------------
+# ---- the demo model by name -------------------------------------------------------------------------
 
-def _serve_default(env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+def _serve_trained(env: dict[str, str]) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     # NOTE: 256 KV blocks (4,096 tokens), not the default 1 GB: zeroing that on huge pages costs ~2 s of the start.
-    proc = subprocess.Popen([BIN, "serve", "--port", str(port), "--num-kv-blocks", "256"], env=env,
+    proc = subprocess.Popen([BIN, "serve", "--model", "trained", "--port", str(port), "--num-kv-blocks", "256"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
@@ -68,10 +68,10 @@ def _serve_default(env: dict[str, str]) -> tuple[subprocess.Popen, str]:
 
 @pytest.fixture(scope="module")
 def served():
-    """`modelcall serve` with no model flag and nothing in the environment choosing a demo model
-    (tests/conftest.py sets MODELCALL_DEMO_MODEL=random for the rest of the suite: dropped here)."""
+    """`modelcall serve --model trained` (the README's walk-through) with nothing in the environment choosing a demo
+    model (tests/conftest.py sets MODELCALL_DEMO_MODEL=random for the rest of the suite: dropped here)."""
     env = {k: v for k, v in os.environ.items() if k != "MODELCALL_DEMO_MODEL"}
-    proc, url = _serve_default(env)
+    proc, url = _serve_trained(env)
     yield url
     proc.terminate()
     proc.wait(30)
@@ -143,7 +143,7 @@ def test_the_agent_sends_the_trained_prompts(served, capsys):
     assert [len(p) for p in _training_prompts(tok, chat)] == [r["usage"]["prompt_tokens"] for r in result["requests"]]
 
 
-def test_serve_with_no_model_flag_serves_the_trained_model(served):
+def test_serve_with_model_trained_serves_the_trained_model(served):
     with urllib.request.urlopen(served + "/v1/models", timeout=10) as r:
         models = json.load(r)["data"]
     from transformers import AutoTokenizer
@@ -212,11 +212,14 @@ def test_the_agent_command_runs_in_its_own_process(served):
     assert f"{weather_of('Paris')['temperature_c']}°C" in result["answer"]
 
 
-def test_the_trained_model_is_the_default_and_the_random_one_stays_available(monkeypatch):
+def test_the_demo_models_are_one_name_away_and_the_environment_can_make_one_the_default(monkeypatch):
     from modelcall.core.config import KernelConfig
     from modelcall.plugins.demo_model import demo_model_dir, plugin
     monkeypatch.delenv(plugin.DEMO_MODEL_ENV, raising=False)
-    assert plugin.wanted_kind() == "trained"
+    assert plugin.provide_model_dir(KernelConfig()) is None   # the default model is the registry's SmolLM2
+    assert plugin.provide_model_dir(KernelConfig(model="trained")) == trained_model_dir()
+    assert plugin.provide_model_dir(KernelConfig(model="random")) == demo_model_dir()
+    monkeypatch.setenv(plugin.DEMO_MODEL_ENV, "trained")
     assert plugin.provide_model_dir(KernelConfig()) == trained_model_dir()
     monkeypatch.setenv(plugin.DEMO_MODEL_ENV, "random")
     assert plugin.provide_model_dir(KernelConfig()) == demo_model_dir()
