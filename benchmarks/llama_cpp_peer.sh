@@ -10,8 +10,9 @@
 # Both the Python binding and llama-server come from the SAME sdist (llama-cpp-python 0.3.36 vendors
 # llama.cpp), so the in-process and the HTTP peer run the same kernels. -DGGML_NATIVE=ON: the peer
 # gets every ISA extension of this machine, as modelcall's own kernels do.
-# NOTE: ~12 min for the pip build and ~10 min more for llama-server on 2 shared cores (2026-12-04).
-# Never part of `make test`.
+# NOTE: on a quiet 2-core Zen 4 the pip build takes ~12 min (NOTES.md); on 2 cores shared with ~7 busy agents
+# (load 10-15, nice 19) the binding and llama-server, built side by side, took about an hour each (2026-12-04).
+# Never part of `make test`. One build of each part at a time (a lock file per part).
 set -euo pipefail
 
 VERSION=0.3.36
@@ -23,20 +24,24 @@ BUILD_CMD="benchmarks/llama_cpp_peer.sh build"
 
 need_built() {
   if [[ ! -x "$VENV/bin/python" ]] || ! "$VENV/bin/python" -c 'import llama_cpp' 2>/dev/null; then
-    echo "llama.cpp peer not built: run '$BUILD_CMD' (about 25 min on 2 cores; log in $CACHE/build.log)" >&2
+    echo "llama.cpp peer not built: run '$BUILD_CMD' (once: 12 min to an hour on 2 cores; log in $CACHE/build.log)" >&2
     exit 3
   fi
 }
 
+locked() {  # locked NAME: hold $CACHE/NAME.lock for the rest of this process, or stop
+  exec {fd}>"$CACHE/$1.lock"
+  flock -n "$fd" || { echo "another build of the $1 is running (lock $CACHE/$1.lock)" >&2; exit 4; }
+}
+
 build_binding() {
+  locked binding
   if [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c 'import llama_cpp' 2>/dev/null; then
     echo "binding: already built in $VENV"
     return
   fi
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
-  # numpy: llama_cpp imports it; openai: the HTTP workloads' client in the same venv.
-  "$VENV/bin/pip" install -q numpy openai
   mkdir -p "$SRC"
   "$VENV/bin/pip" download -q --no-deps --no-binary :all: -d "$SRC" "llama-cpp-python==$VERSION"
   CMAKE_ARGS="-DGGML_NATIVE=ON" nice -n 19 "$VENV/bin/pip" install -v --no-binary llama-cpp-python \
@@ -44,6 +49,7 @@ build_binding() {
 }
 
 build_server() {
+  locked server
   if [[ -x "$SERVER" ]]; then
     echo "server: already built at $SERVER"
     return
@@ -62,7 +68,7 @@ build_server() {
 case "${1:-}" in
   build)
     mkdir -p "$CACHE"
-    build_binding
+    build_binding   # then the server (`build-server` in a second shell runs it beside this one)
     build_server
     echo "built: $VENV/bin/python and $SERVER"
     ;;

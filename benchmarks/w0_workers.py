@@ -33,13 +33,15 @@ class LlamaCpp:
     def run(self, prompt_ids: list[int], new: int) -> dict:
         self.llm.reset()
         t = time.perf_counter()
-        first, pieces, tokens = None, [], 0
+        first, pieces = None, []
         for chunk in self.llm.create_completion(prompt_ids, max_tokens=new, temperature=0.0, stream=True,
                                                 logit_bias=self.banned):
             first = first or time.perf_counter()
-            tokens += 1   # one chunk per sampled token (text may be empty for a partial character)
             pieces.append(chunk["choices"][0]["text"])
         end = time.perf_counter()
+        # NOTE: chunks are not tokens (a partial character is held back, the last chunk is empty); every
+        # sampled token but the last was fed back through the model, so the context holds prompt + made - 1.
+        tokens = self.llm.n_tokens - len(prompt_ids) + 1
         return {"ttft_s": first - t, "total_s": end - t, "tokens": tokens, "text": "".join(pieces)}
 
 
