@@ -225,17 +225,26 @@ async def prompt_tokens_of(client, model: str, text: str) -> int:
     return done.usage.prompt_tokens
 
 
-async def words_for(client, model: str, tokens: int) -> int:
-    """How many words of prompt_text make a chat prompt of about `tokens` tokens on this server's template."""
+async def words_for(client, model: str, tokens: int, salt: str = "#9000") -> int:
+    """How many words of prompt_text(words, salt) make a chat prompt of about `tokens` tokens on this server's
+    template. Give a salt no measured run uses: the server keeps the sizing prompts in its prompt cache."""
+    async def count(words: int) -> int:
+        return await prompt_tokens_of(client, model, prompt_text(words, salt))
     a, b = 40, 120
-    pa, pb = await prompt_tokens_of(client, model, prompt_text(a)), await prompt_tokens_of(client, model, prompt_text(b))
+    pa, pb = await count(a), await count(b)
     words = max(1, round(a + (tokens - pa) * (b - a) / max(pb - pa, 1)))
     for _ in range(8):   # the slope is nearly exact; a step or two settles it
-        p = await prompt_tokens_of(client, model, prompt_text(words))
-        if p == tokens or (p > tokens and await prompt_tokens_of(client, model, prompt_text(words - 1)) < tokens):
+        p = await count(words)
+        if p == tokens or (p > tokens and await count(words - 1) < tokens):
             break
         words += 1 if p < tokens else -1
     return words
+
+
+def salt(run: int, stream: int | None = None) -> str:
+    """A prompt's distinct start, the same length for every run (both servers cache prompts: llama-server a
+    slot's last prompt, modelcall every prefix), so each measured request computes its whole prompt."""
+    return f"#{1000 + run}" if stream is None else f"#{1000 + run}-{100 + stream}:"
 
 
 PARAGRAPH = ("The river town woke slowly that autumn morning. Fishermen checked their nets along the quay while "

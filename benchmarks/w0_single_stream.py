@@ -11,8 +11,9 @@ no BOS) go to both; greedy; end of sequence banned; --new-tokens tokens. llama.c
 unset (its own default: with PASSIVE its 2-thread decode collapsed, NOTES.md), modelcall both PASSIVE and unset.
 
 --chat (W0-chat): the same through each engine's OpenAI-compatible server, `llama-server -m FILE -t N` and
-`modelcall serve --model FILE --threads N`, one streaming chat completion at a time with the openai SDK, the user
-message sized so llama-server counts --prompt-tokens prompt tokens.
+`modelcall serve --model FILE --threads N`, one streaming chat completion at a time with the openai SDK (the
+client unpinned), the user message sized so llama-server counts --prompt-tokens prompt tokens and made distinct
+run by run (both servers cache prompts; run i's text is the same for every server).
 
 TTFT: request sent -> first token. Decode tok/s: (tokens - 1) / (last token - first token). The floor: bytes one
 decode step reads (every weight once, K/V at f16 of the mean context) over this machine's read rate, measured
@@ -79,7 +80,7 @@ class ChatPeer:
                  log: Path) -> None:
         self.name = label(engine, omp)
         self.server = gp.Server(engine, file, threads, cpus, context=context, omp=omp, log=log).__enter__()
-        self.text = ""
+        self.words = 0
 
     def call(self, fn, *args: object):
         """fn(client, model, *args) on a fresh client (an async client belongs to the event loop that made it)."""
@@ -88,8 +89,8 @@ class ChatPeer:
                 return await fn(c, self.server.model, *args)
         return asyncio.run(go())
 
-    def run(self, new: int) -> dict:
-        s = self.call(gp.chat_stream, self.text, new)
+    def run(self, run: int, new: int) -> dict:
+        s = self.call(gp.chat_stream, gp.prompt_text(self.words, gp.salt(run)), new)
         return {"ttft_s": s.ttft_s, "total_s": s.total_s, "tokens": s.completion_tokens,
                 "prompt_tokens": s.prompt_tokens, "text": s.text}
 
@@ -100,11 +101,11 @@ class ChatPeer:
 def measure(peers: list, run, runs: int, new: int) -> dict[str, list[dict]]:
     """Warm each peer once, then `runs` rounds alternating the peers, the order rotating each round."""
     for p in peers:
-        run(p, min(new, 16))
+        run(p, runs, min(new, 16))   # run index `runs`: a warm-up prompt no measured run shares
     got: dict[str, list[dict]] = {p.name: [] for p in peers}
     for i in range(runs):
         for p in peers[i % len(peers):] + peers[:i % len(peers)]:
-            r = run(p, new)
+            r = run(p, i, new)
             if r["tokens"] != new:
                 raise SystemExit(f"{p.name} made {r['tokens']} tokens, not {new}: end of sequence not banned?")
             r["decode_tok_s"] = (r["tokens"] - 1) / (r["total_s"] - r["ttft_s"])
@@ -140,10 +141,10 @@ def cell(model: str, kind: str, threads: int, args: argparse.Namespace, rate: fl
             for engine, omp in ENGINES:
                 log = logs / f"{model}-{kind}-{threads}-{engine}-{omp or 'unset'}.log"
                 peers.append(ChatPeer(engine, omp, file, threads, cpus, context, log))
-            words = peers[0].call(gp.words_for, args.prompt_tokens)
+            words = peers[0].call(gp.words_for, args.prompt_tokens)   # sized on llama-server's template
             for p in peers:
-                p.text = gp.prompt_text(words)
-            got = measure(peers, lambda p, n: p.run(n), args.runs, args.new_tokens)
+                p.words = words
+            got = measure(peers, lambda p, i, n: p.run(i, n), args.runs, args.new_tokens)
         else:
             for engine, omp in ENGINES:
                 peers.append(Worker(engine, omp, file, threads, cpus, context))
@@ -151,7 +152,7 @@ def cell(model: str, kind: str, threads: int, args: argparse.Namespace, rate: fl
             if len(ids) < args.prompt_tokens:
                 raise SystemExit(f"the prompt text made {len(ids)} tokens, fewer than {args.prompt_tokens}")
             ids = ids[:args.prompt_tokens]
-            got = measure(peers, lambda p, n: p.ask(op="run", prompt_ids=ids, new=n), args.runs, args.new_tokens)
+            got = measure(peers, lambda p, i, n: p.ask(op="run", prompt_ids=ids, new=n), args.runs, args.new_tokens)
     finally:
         for p in peers:
             p.close()

@@ -5,8 +5,8 @@
         [--threads 1,2] [--runs 3] [--streams 16] [--prompt-tokens 128] [--new-tokens 256] [--out FILE]
 
 Each round sends --streams streaming chat completions at once (openai SDK, one asyncio client), each a different
-~128-token user message (a salt in front: no shared prefix, and none shared with an earlier round, so neither
-server reuses a cached prompt), greedy, end of sequence ignored, --new-tokens each. Figures per round: aggregate
+~128-token user message (gguf_peer.salt in front: no prefix shared beyond the chat template's, within a round or
+with an earlier one, so neither server reuses a cached prompt), greedy, end of sequence ignored, --new-tokens each. Figures per round: aggregate
 output tok/s = all completion tokens / (first request sent -> last stream closed), and every stream's TTFT; a
 cell reports the median round's tok/s and TTFT p50/p99 over all rounds' streams. The servers are all up at once,
 pinned to CPUs 0..N-1, and the rounds alternate between them (the order rotating each round; an idle server
@@ -31,10 +31,10 @@ import gguf_peer as gp  # noqa: E402
 from w0_single_stream import ENGINES, csv, label  # noqa: E402
 
 
-async def one_round(url: str, model: str, words: int, streams: int, new: int, salt: str) -> dict:
+async def one_round(url: str, model: str, words: int, streams: int, new: int, run: int) -> dict:
     async with gp.client(url) as c:
         t = time.perf_counter()
-        done = await asyncio.gather(*(gp.chat_stream(c, model, gp.prompt_text(words, f"{salt}-{i}:"), new)
+        done = await asyncio.gather(*(gp.chat_stream(c, model, gp.prompt_text(words, gp.salt(run, i)), new)
                                       for i in range(streams)))
         wall = time.perf_counter() - t
     tokens = sum(s.completion_tokens for s in done)
@@ -65,11 +65,11 @@ def cell(model: str, kind: str, threads: int, args: argparse.Namespace) -> dict:
         words = asyncio.run(_sized(servers[0].url, servers[0].model, args.prompt_tokens))
         named = [(label(e, omp), server) for (e, omp), server in zip(ENGINES, servers)]
         for name, server in named:
-            asyncio.run(one_round(server.url, server.model, words, 2, 8, "warm"))
+            asyncio.run(one_round(server.url, server.model, words, 2, 8, args.runs))   # a run no round shares
         for i in range(args.runs):
             for name, server in named[i % len(named):] + named[:i % len(named)]:
                 # the same texts to every server (separate processes: no cache crosses between them)
-                r = asyncio.run(one_round(server.url, server.model, words, args.streams, args.new_tokens, f"r{i}"))
+                r = asyncio.run(one_round(server.url, server.model, words, args.streams, args.new_tokens, i))
                 got[name].append(r)
                 print(json.dumps({"measure": "w4", **where, "engine": name, "run": i + 1,
                                   "tok_s": round(r["tok_s"], 2), "wall_s": round(r["wall_s"], 3),
@@ -91,7 +91,7 @@ def cell(model: str, kind: str, threads: int, args: argparse.Namespace) -> dict:
 
 async def _sized(url: str, model: str, tokens: int) -> int:
     async with gp.client(url) as c:
-        return await gp.words_for(c, model, tokens)
+        return await gp.words_for(c, model, tokens, salt="#9000-100:")   # the rounds' salts' length
 
 
 def table(summaries: list[dict]) -> str:
