@@ -11,7 +11,6 @@ import pytest
 
 from modelcall.core import GenerateRequest, InvalidRequest, Kernel, PoolingParams
 from modelcall.events import Finished, Pooled
-from modelcall.plugins.pooling import plugin as pooling_plugin
 
 st = pytest.importorskip("sentence_transformers")
 
@@ -81,7 +80,7 @@ async def embed(kernel: Kernel, texts: list[str], **pooling) -> list[list[float]
 
 
 def kernel_of(model_dir: str, **fields) -> Kernel:
-    return Kernel(model=model_dir, plugins=[pooling_plugin], device="cpu", dtype="float32",
+    return Kernel(model=model_dir, device="cpu", dtype="float32",
                   kv_cache_memory_gb=1 / 32, **fields)
 
 

@@ -9,7 +9,6 @@ import httpx
 import numpy as np
 import pytest
 
-from modelcall.plugins.pooling import plugin as pooling_plugin
 
 from http_server import ServerThread
 
@@ -40,7 +39,7 @@ def ref(minilm_dir) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def server(minilm_dir):
-    with ServerThread(plugins=(pooling_plugin,), model=minilm_dir, device="cpu", served_model_name="minilm",
+    with ServerThread(model=minilm_dir, device="cpu", served_model_name="minilm",
                       max_num_batched_tokens=16) as s:
         yield s
 

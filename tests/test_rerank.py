@@ -7,7 +7,6 @@ import httpx
 import pytest
 import torch
 
-from modelcall.plugins.pooling import plugin as pooling_plugin
 
 from http_server import ServerThread
 
@@ -47,7 +46,7 @@ def reference(cross_dir) -> list[float]:
 
 @pytest.fixture(scope="module")
 def server(cross_dir):
-    with ServerThread(plugins=(pooling_plugin,), model=cross_dir, device="cpu", served_model_name="cross",
+    with ServerThread(model=cross_dir, device="cpu", served_model_name="cross",
                       max_num_batched_tokens=16) as s:
         yield s
 
