@@ -4,7 +4,7 @@ A GGUF file holds in one place what a Hugging Face directory spreads over files:
 (vocabulary, merges or scores, special tokens), the chat template, and the tensors (many of them quantized). The
 tokenizer, chat template, EOS lists and config are turned, once per file, into a small directory in the user cache
 
-    ~/.cache/modelcall/gguf/<file stem>-<content key>/
+    ~/.cache/modelcall/gguf/<file stem>-<content key>-<path key>/
         config.json              the transformers config the metadata describes (architectures, rope, windows)
         tokenizer.json, ...      the tokenizer transformers' GGUF converter builds from the vocabulary
         generation_config.json   EOS ids (the file's EOS, plus the chat template's end-of-turn token)
