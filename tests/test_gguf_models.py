@@ -175,10 +175,11 @@ def rss():
 import torch, transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 from modelcall.core import KernelConfig
-from modelcall.plugins.runner import gguf_file, quant
+from modelcall.plugins.runner import cpu_kernel, fused_ops, gguf_file, quant
 from modelcall.plugins.runner.runner import TorchModelRunner
 from modelcall.plugins.sampler.sampler import TorchSampler
-quant.load()
+import transformers.models.gemma3.modeling_gemma3   # code, not model memory: imported before the baseline
+quant.load(), cpu_kernel.load(), fused_ops.load()   # the C libraries too (built once per machine)
 model_dir = gguf_file.materialize(sys.argv[1], {n for n, v in quant.GGML_TYPES.items() if quant.supported(v)})
 before = rss()
 runner = TorchModelRunner(KernelConfig(model=sys.argv[1], threads=1), model_dir, TorchSampler())
