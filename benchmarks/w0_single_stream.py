@@ -196,19 +196,29 @@ def csv(text: str) -> list[str]:
     return [x for x in text.split(",") if x]
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def matrix_parser(description: str) -> argparse.ArgumentParser:
+    """The flags W0 and W4 share: which models, kinds and thread counts, runs, prompt and output sizes, --out."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--models", type=csv, default=list(gp.MODELS))
     ap.add_argument("--kinds", type=csv, default=list(gp.KINDS), help="shipped, F16, Q8_0, Q4_K_M")
     ap.add_argument("--threads", type=lambda t: [int(x) for x in csv(t)], default=[1, 2])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--out", help="also append the summary JSON lines to this file")
+    return ap
+
+
+def unknown_cells(args: argparse.Namespace) -> list[str]:
+    return [m for m in args.models if m not in gp.MODELS] + [k for k in args.kinds if k not in gp.KINDS]
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    ap = matrix_parser(__doc__.split("\n")[0])
     ap.add_argument("--chat", action="store_true", help="W0-chat: through each engine's HTTP server")
     ap.add_argument("--log-dir", default="/tmp/w0-chat-logs", help="the servers' logs (W0-chat)")
-    ap.add_argument("--out", help="also append the summary JSON lines to this file")
     args = ap.parse_args(argv)
-    bad = [m for m in args.models if m not in gp.MODELS] + [k for k in args.kinds if k not in gp.KINDS]
+    bad = unknown_cells(args)
     if bad or args.runs < 1 or args.new_tokens < 2 or args.prompt_tokens < 1 or min(args.threads) < 1:
         ap.error(f"models from {gp.MODELS}, kinds from {gp.KINDS}, runs >= 1, new tokens >= 2, threads >= 1"
                  + (f"; unknown: {bad}" if bad else ""))

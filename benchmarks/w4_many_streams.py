@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gguf_peer as gp  # noqa: E402
-from w0_single_stream import ENGINES, csv, label  # noqa: E402
+from w0_single_stream import ENGINES, label, matrix_parser, unknown_cells  # noqa: E402
 
 
 async def one_round(url: str, model: str, words: int, streams: int, new: int, run: int) -> dict:
@@ -109,18 +109,11 @@ def table(summaries: list[dict]) -> str:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", type=csv, default=list(gp.MODELS))
-    ap.add_argument("--kinds", type=csv, default=list(gp.KINDS), help="shipped, F16, Q8_0, Q4_K_M")
-    ap.add_argument("--threads", type=lambda t: [int(x) for x in csv(t)], default=[1, 2])
-    ap.add_argument("--runs", type=int, default=3)
+    ap = matrix_parser(__doc__.split("\n")[0])
     ap.add_argument("--streams", type=int, default=16)
-    ap.add_argument("--prompt-tokens", type=int, default=128)
-    ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--log-dir", default="/tmp/w4-logs", help="the servers' logs")
-    ap.add_argument("--out", help="also append the summary JSON lines to this file")
     args = ap.parse_args(argv)
-    bad = [m for m in args.models if m not in gp.MODELS] + [k for k in args.kinds if k not in gp.KINDS]
+    bad = unknown_cells(args)
     if bad or args.runs < 1 or args.streams < 1 or args.new_tokens < 2 or min(args.threads) < 1:
         ap.error(f"models from {gp.MODELS}, kinds from {gp.KINDS}, runs, streams, threads >= 1, new tokens >= 2"
                  + (f"; unknown: {bad}" if bad else ""))

@@ -7,19 +7,7 @@ import pytest
 
 from modelcall.core import Request, SamplingParams
 from modelcall.core.output import OutputState
-
-
-class PieceDetok:
-    """Token i says pieces[i]."""
-
-    def __init__(self, pieces: list[str]) -> None:
-        self.pieces = pieces
-
-    def push(self, token_ids) -> str:  # noqa: ANN001
-        return "".join(self.pieces[t] for t in token_ids)
-
-    def flush(self) -> str:
-        return ""
+from test_output_stage import PieceDetok
 
 
 EOS = 0
