@@ -182,10 +182,7 @@ def _replace(model: torch.nn.Module, path: str, new: torch.nn.Module) -> None:
     parent_path, _, child = path.rpartition(".")
     parent = model.get_submodule(parent_path) if parent_path else model
     old = getattr(parent, child)
-    if isinstance(old, torch.nn.Linear) and isinstance(new, quant.QuantLinear) and old.bias is not None \
-            and new.bias is None and not old.bias.is_meta:
-        new.bias = old.bias
-    elif isinstance(old, torch.nn.Linear) and old.bias is not None and new.bias is None:
+    if isinstance(old, torch.nn.Linear) and old.bias is not None and new.bias is None:
         # the bias tensor comes later from the file (or is missing: the meta check reports it)
         # assigned, not registered: QuantLinear's `self.bias = None` is a plain attribute register_parameter refuses
         new.bias = torch.nn.Parameter(torch.empty(old.bias.shape, device="meta"), requires_grad=False)
