@@ -49,7 +49,8 @@ async def test_quantized_at_load_computes_what_the_dequantized_weights_give(llam
         model = k.runner.model
         linears = [m for m in model.modules() if isinstance(m, quant.QuantLinear)]
         assert len(linears) == 2 * 7 + 1   # q, k, v, o, gate, up, down per layer + lm_head
-        assert {quant.type_name(m.qweight.qtype) for m in linears} == {qtype}
+        # kept in the format, or its r16 layout for decode (quant_repack.py) where the CPU has those kernels
+        assert {quant.type_name(m.qweight.qtype).removesuffix("/r16") for m in linears} == {qtype}
         assert not any(type(m) is torch.nn.Linear for m in model.modules())
         weights = sum(m.in_features * m.out_features for m in linears)
         got = await _logprobs(k, ids)
@@ -66,14 +67,17 @@ async def test_quantized_at_load_computes_what_the_dequantized_weights_give(llam
     assert abs(bytes_q - expected) <= 4096, (bytes_q, expected, dense_bytes)
 
 
-async def test_quantized_linears_equal_their_dequantized_weights_through_the_engine(llama256):
+@pytest.mark.parametrize("runner,bar", [({"repack": False}, 1e-3), ({}, 0.05)])
+async def test_quantized_linears_equal_their_dequantized_weights_through_the_engine(llama256, runner, bar):
     """The engine's path (lean stack, kernels) against plain torch on the dequantized weights: the kernels' error
-    only (fp32 sums in another order), not the rounding's."""
+    only (fp32 sums in another order), not the rounding's. The r16 layouts (the default where the CPU has them) add
+    int16 activations: an error of 1 / 65534 of each 32 values' largest, which this random model's chaotic
+    logprobs (down to -100) turn into up to ~0.02."""
     from transformers import AutoModelForCausalLM
 
     ids = list(range(100, 140))
     async with Kernel(model=llama256, dtype="float32", kv_cache_memory_gb=KV_GB, max_model_len=256,
-                      quantization="q8_0") as k:
+                      quantization="q8_0", plugin_config={"runner": runner}) as k:
         got = await _logprobs(k, ids)
         ref = AutoModelForCausalLM.from_pretrained(llama256, dtype=torch.float32).eval()
         for name, m in list(k.runner.model.named_modules()):
@@ -82,7 +86,7 @@ async def test_quantized_linears_equal_their_dequantized_weights_through_the_eng
     with torch.inference_mode():
         lp = torch.log_softmax(ref(torch.tensor([ids])).logits[0], -1)
     want = [float(lp[i, ids[i + 1]]) for i in range(len(ids) - 1)]
-    assert max(abs(a - b) for a, b in zip(got, want)) < 1e-3
+    assert max(abs(a - b) for a, b in zip(got, want)) < bar
 
 
 async def test_an_unknown_scheme_is_refused_with_the_choices(llama256):

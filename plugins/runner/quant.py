@@ -29,7 +29,12 @@ _FLOAT_TYPES = (0, 1, 30)
 QUANTIZABLE = (GGML_TYPES["Q8_0"], GGML_TYPES["Q4_0"], GGML_TYPES["Q4_K"])
 
 _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
-_FILES = ("quant_common.h", "quant_legacy.c", "quant_k.c", "quant_matmul.c", "quant_int8.c")
+_FILES = ("quant_common.h", "quant_legacy.c", "quant_k.c", "quant_matmul.c", "quant_int8.c", "quant_r16.c")
+# r16 layouts (csrc/quant_r16.c): a legacy format's weight with 16 rows interleaved, for int8-activation decode; its
+# type number is the plain format's + R16_OFF
+R16_OFF = 100
+R16_FORMATS = (GGML_TYPES["Q8_0"], GGML_TYPES["Q4_0"], GGML_TYPES["Q4_1"], GGML_TYPES["Q5_0"], GGML_TYPES["Q5_1"])
+_BLOCKS.update({t + R16_OFF: _BLOCKS[t] for t in R16_FORMATS})
 
 
 def _read_source() -> str:
@@ -49,10 +54,12 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.quant_dequantize_rows.argtypes = [i32, p, i64, i64, i64, p, i64, i64, p, i32, i64, i32]
     lib.quant_quantize_rows.argtypes = [i32, p, i64, i64, i64, p, i32]
     lib.quant_qmatmul_int8.argtypes = lib.quant_qmatmul.argtypes
+    lib.quant_r16_repack.argtypes = [i32, p, i64, i64, p, i32]
+    lib.quant_r16_available.argtypes = []
     lib.quant_path.argtypes = []
     lib.quant_int8_available.argtypes = []
     for fn in (lib.quant_qmatmul, lib.quant_dequantize_rows, lib.quant_quantize_rows, lib.quant_path,
-               lib.quant_qmatmul_int8, lib.quant_int8_available):
+               lib.quant_qmatmul_int8, lib.quant_int8_available, lib.quant_r16_repack, lib.quant_r16_available):
         fn.restype = i32
 
 
@@ -68,6 +75,8 @@ def type_name(qtype: int) -> str:
     """The GGML name of a type number (gguf's where this module does not know it)."""
     if qtype in _NAMES:
         return _NAMES[qtype]
+    if qtype - R16_OFF in R16_FORMATS:
+        return f"{_NAMES[qtype - R16_OFF]}/r16"
     try:
         import gguf
         return gguf.GGMLQuantizationType(qtype).name
@@ -188,6 +197,25 @@ def int8_available() -> bool:
     return bool(lib is not None and lib.quant_int8_available())
 
 
+def r16_available() -> bool:
+    """Whether this CPU and build have the r16 kernels (AVX-512 with VNNI)."""
+    lib = load()
+    return bool(lib is not None and lib.quant_r16_available())
+
+
+def repack_r16(w: QWeight) -> QWeight | None:
+    """`w` in its r16 layout (csrc/quant_r16.c: 16 rows interleaved; the same size), or None where that does not
+    apply: a format r16 does not take, rows not a multiple of 16, or no r16 kernels here. Every function of this
+    module takes the result; qmatmul on it quantizes x to int8 per 32 values (llama.cpp's numerics)."""
+    n, k = w.shape
+    if w.qtype not in R16_FORMATS or n % 16 or not r16_available():
+        return None
+    out = torch.empty_like(w.data)
+    rc = load().quant_r16_repack(w.qtype, w.data.data_ptr(), n, k, out.data_ptr(), _threads())
+    _check(rc, "r16 repack", w)
+    return QWeight(out, w.qtype + R16_OFF, (n, k))
+
+
 def qmatmul(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None,
             out: torch.Tensor | None = None, *, int8: bool = False) -> torch.Tensor:
     """x @ W.T (+ bias): x [..., K] fp32 or bf16 (last dim contiguous, rows any stride), W quantized [N, K];
@@ -195,7 +223,8 @@ def qmatmul(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None,
     e.g. a column slice of a wider buffer), which is returned.
 
     int8=True: x quantized per 32 values to Q8_0 on the fly and integer dot products (llama.cpp's way; an error
-    of about |x| / 254 per value); where that kernel is not built, or W is a float type, the fp32 path runs.
+    of about |x| / 254 per value); where that kernel is not built, or W is a float type, the fp32 path runs. An r16
+    weight (repack_r16) always takes its int8 kernel.
 
     NOTE: kept lean (each torch call here costs ~1 us, the whole wrapper ~5 us): a 192 x 576 Q4_1 matvec is ~5 us
     of kernel time."""

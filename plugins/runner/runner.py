@@ -14,7 +14,7 @@ from modelcall.core import ConfigError, KernelConfig, SchedulePlan, StepOutput
 from modelcall.core.plan import kv_groups
 from modelcall.core.stages import Sampler
 from modelcall.plugins.runner import (
-    attention, cpu_kernel, cuda_graphs, gguf_file, gguf_weights, heap, lean, omp_team, quant_load,
+    attention, cpu_kernel, cuda_graphs, gguf_file, gguf_weights, heap, lean, omp_team, quant_load, quant_repack,
 )
 from modelcall.plugins.runner.batch import DecodeState, StepBatch, build_step
 from modelcall.plugins.runner.loader import (
@@ -60,6 +60,10 @@ class TorchModelRunner:
             if config.quantization:
                 quant_load.quantize_model(model, config.quantization, p.device)
         model.to(p.device).eval().requires_grad_(False)
+        runner_cfg = config.plugin_config.get("runner") or {}
+        if p.device.type == "cpu" and quant_repack.enabled(runner_cfg.get("repack", "auto")):
+            # decode near the memory's rate (quant_repack.py)
+            quant_repack.repack_model(model, quant_repack.enabled(runner_cfg.get("int8_activations", False)))
         self.weight_bytes = quant_load.resident_weight_bytes(model)
         if not getattr(model, "_supports_attention_backend", False):
             raise ConfigError(f"{type(model).__name__} does not route attention through transformers' "
@@ -79,7 +83,6 @@ class TorchModelRunner:
         # The paged group's attention: the Triton kernel on CUDA (plugins/runner/cuda_attention.py), else None
         # (attention.py's C kernel on CPU, the portable torch path elsewhere); runner `attention` forces one.
         self.attention_backend = None
-        runner_cfg = config.plugin_config.get("runner") or {}
         if p.device.type == "cuda" or runner_cfg.get("attention") == "triton":
             from modelcall.plugins.runner import cuda_attention
             self.attention_backend = cuda_attention.choose_backend(runner_cfg.get("attention"), p.device)
@@ -100,7 +103,8 @@ class TorchModelRunner:
         self.lean: lean.LeanStack | None = None
         if self.attention_backend is None and not self.graph_mode:
             self.lean = lean.build(model, self.base, hf_config, self.spec.layer_windows, runner_cfg.get("lean", "auto"),
-                                   runner_cfg.get("lean_epilogues", "auto"), runner_cfg.get("lean_plain_decode", "auto"))
+                                   runner_cfg.get("lean_epilogues", "auto"), runner_cfg.get("lean_plain_decode", "auto"),
+                                   runner_cfg.get("lean_decode_stack", "auto"))
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_size = 0
         self.decode_state = DecodeState()   # consecutive decode steps of the same requests: updated, not rebuilt

@@ -97,6 +97,22 @@ static inline float h2f_fast(const uint8_t *p) { return _cvtsh_ss(rd16(p)); }
 static inline float h2f_fast(const uint8_t *p) { return h2f(rd16(p)); }
 #endif
 
+/* the 32 activations of row b, group g as fp32: in place, or widened from bf16 into v */
+static inline const float *x_group(const void *x, int x_bf16, int64_t xs, int64_t b, int64_t g, float *v) {
+    if (!x_bf16) return (const float *)x + b * xs + 32 * g;
+    for (int j = 0; j < 32; j++) v[j] = bf2f(((const uint16_t *)x)[b * xs + 32 * g + j]);
+    return v;
+}
+
+/* r16 weights (quant_r16.c): type = the plain format's + R16_OFF; the exported entries hand them over to these
+ * (quant_qmatmul with int16 x, quant_qmatmul_int8 with int8 x) */
+#define R16_OFF 100
+static int r16_qmatmul(int base, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K, const void *x,
+                       int x_bf16, int64_t xs, int64_t B, void *y, int y_bf16, int64_t ys, const float *bias, int nt,
+                       int x16);
+static void r16_dequantize_row(int base, const uint8_t *w, int64_t row_bytes, int64_t r, int64_t K, void *out,
+                               int bf16);
+
 /* One decoded group (see the top of this file). */
 typedef struct { float dlo, dhi, m; } qscale;
 

@@ -44,21 +44,37 @@ INLINE float hsum8(__m256 a) {
  * reason as the quantizers (amax / 127 must not become amax * (1 / 127)). */
 #pragma GCC push_options
 #pragma GCC optimize("no-fast-math", "fp-contract=off")
-static void quantize_x_q8_0(const float *x, uint8_t *out, float *dx, float *sx) {
+/* the 32 values at x rounded to integers q of at most qmax in magnitude on the scale d = amax / qmax, as
+ * quantize_block_q8_0 rounds (qmax 127: its bytes; quant_r16.c takes qmax 32767 for int16); returns the sum of q */
+static int quantize_group(const float *x, float qmax, int16_t *q, float *d) {
     float amax = 0.0f;
     for (int j = 0; j < 32; j++) { const float a = fabsf(x[j]); amax = a > amax ? a : amax; }
-    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    const uint16_t dh = f2h(d);
-    memcpy(out, &dh, 2);
-    int8_t q[32];
+    *d = amax / qmax;
+    const float id = *d != 0.0f ? 1.0f / *d : 0.0f;
     int sum = 0;
     for (int j = 0; j < 32; j++) {
         const float v = x[j] * id;
         const int t = (int)v;
         const float f = v - (float)t;
-        q[j] = (int8_t)(t + (f >= 0.5f) - (f <= -0.5f));
+        q[j] = (int16_t)(t + (f >= 0.5f) - (f <= -0.5f));
         sum += q[j];
     }
+    return sum;
+}
+/* the 32 values at x as int8 q and their scale's fp16 bits; returns the sum of q */
+static int quantize_x_group(const float *x, int8_t *q, uint16_t *dh) {
+    int16_t q16[32];
+    float d;
+    const int sum = quantize_group(x, 127.0f, q16, &d);
+    *dh = f2h(d);
+    for (int j = 0; j < 32; j++) q[j] = (int8_t)q16[j];
+    return sum;
+}
+static void quantize_x_q8_0(const float *x, uint8_t *out, float *dx, float *sx) {
+    int8_t q[32];
+    uint16_t dh;
+    const int sum = quantize_x_group(x, q, &dh);
+    memcpy(out, &dh, 2);
     memcpy(out + 2, q, 32);
     *dx = h2f(dh);
     *sx = *dx * (float)sum;
@@ -129,6 +145,7 @@ int quant_int8_available(void) {
 int quant_qmatmul_int8(int qt, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K, const void *x,
                        int x_bf16, int64_t xs, int64_t B, void *y, int y_bf16, int64_t ys, const float *bias,
                        int nt) {
+    if (qt >= R16_OFF) return r16_qmatmul(qt - R16_OFF, w, row_bytes, N, K, x, x_bf16, xs, B, y, y_bf16, ys, bias, nt, 0);
 #if defined(QINT8)
     const int err = check_shape(qt, K);
     if (err) return err;
@@ -141,10 +158,7 @@ int quant_qmatmul_int8(int qt, const uint8_t *w, int64_t row_bytes, int64_t N, i
     for (int64_t b = 0; b < B; b++)
         for (int64_t g = 0; g < G; g++) {
             float v[32];
-            const float *src = (const float *)x + b * xs + 32 * g;
-            if (x_bf16)
-                for (int j = 0; j < 32; j++) v[j] = bf2f(((const uint16_t *)x)[b * xs + 32 * g + j]);
-            quantize_x_q8_0(x_bf16 ? v : src, xb + (b * G + g) * 34, dx + b * G + g, sx + b * G + g);
+            quantize_x_q8_0(x_group(x, x_bf16, xs, b, g, v), xb + (b * G + g) * 34, dx + b * G + g, sx + b * G + g);
         }
     const int64_t tiles = (N + ROW_TILE - 1) / ROW_TILE;
     const int par = nt > 1 && tiles >= 2 && N * K * (B < 8 ? B : 8) >= PAR_MIN;

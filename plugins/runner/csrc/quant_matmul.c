@@ -240,6 +240,7 @@ static int check_shape(int qt, int64_t K) {
  * Returns 0, -1 (unknown type), -2 (K not a whole number of blocks), -3 (out of memory). */
 int quant_qmatmul(int qt, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K, const void *x, int x_bf16,
                   int64_t xs, int64_t B, void *y, int y_bf16, int64_t ys, const float *bias, int nt) {
+    if (qt >= R16_OFF) return r16_qmatmul(qt - R16_OFF, w, row_bytes, N, K, x, x_bf16, xs, B, y, y_bf16, ys, bias, nt, 1);
     const int err = check_shape(qt, K);
     if (err) return err;
     const row_fn *tab = row_kernels(qt);
@@ -324,11 +325,20 @@ INLINE void dequantize_row(int qt, const uint8_t *row, int64_t K, void *out, con
 int quant_dequantize_rows(int qt, const uint8_t *w, int64_t row_bytes, int64_t n_total, int64_t K,
                           const int64_t *ids, int64_t r0, int64_t nrows, void *out, int out_bf16, int64_t os,
                           int nt) {
-    const int err = check_shape(qt, K);
+    const int err = check_shape(qt >= R16_OFF ? qt - R16_OFF : qt, K);
     if (err) return err;
     for (int64_t i = 0; i < nrows; i++) {
         const int64_t r = ids ? ids[i] : r0 + i;
         if (r < 0 || r >= n_total) return -4;
+    }
+    if (qt >= R16_OFF) {
+        if (n_total % 16) return -2;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && nrows >= 2 * nt && nrows * K >= PAR_MIN)
+        for (int64_t i = 0; i < nrows; i++)
+            r16_dequantize_row(qt - R16_OFF, w, row_bytes, ids ? ids[i] : r0 + i, K,
+                               out_bf16 ? (void *)((uint16_t *)out + i * os) : (void *)((float *)out + i * os),
+                               out_bf16);
+        return 0;
     }
     const int par = nt > 1 && nrows >= 2 * nt && nrows * K >= PAR_MIN;
 #pragma omp parallel for num_threads(nt) schedule(static) if (par)

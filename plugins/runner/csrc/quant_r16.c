@@ -1,0 +1,312 @@
+/* "r16" layouts: the legacy 32-weight formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) with 16 rows interleaved, for decode
+ * steps with int8 activations (x quantized per 32 values to Q8_0, as quant_int8.c and llama.cpp do).
+ *
+ * quant_int8.c reads one row at a time: per group a 256-bit vpdpbusd, a scale built from scalars, and one horizontal
+ * sum per row at the end; at batch 1 that is compute-bound far below the memory's rate. Here a "tile" is 16 rows, and
+ * for each group the tile's bytes sit together so that one 512-bit vpdpbusd covers 4 weights of each of the 16 rows
+ * (lane r = row r) against 4 x values broadcast to every lane: 8 of them sum a group, the 16 lanes are the 16 rows'
+ * sums, the 16 scales are one vector load, and no horizontal sum is left.
+ *
+ *   tile-group (16 rows x 32 weights), bytes = 16 x the format's block size, so a weight keeps its size:
+ *     d[16] fp16 | m[16] fp16 (Q4_1, Q5_1) | codes
+ *     Q8_0 codes: 8 chunks of 64 bytes; chunk c, lane r = weights 4c..4c+3 of row r as q + 128 (unsigned)
+ *     4/5-bit codes: 4 chunks of 64 bytes; chunk c, lane r byte j = weight 4c+j (low nibble), 16+4c+j (high)
+ *     Q5_0, Q5_1: then 8 masks of 64 bits (chunk c's low nibbles, then its high ones): bit 4r+j = the fifth bit
+ *
+ *   an unsigned code u times a signed x sums exactly in int32 (vpdpbusd takes u8 x s8); the format's offset is
+ *   taken out per group with the x group's sum: Q8_0 u = q + 128, Q4_0 u = q + 8, Q5_0 u = q + 16 (then
+ *   sum(q x) = sum(u x) - c sum(x)); Q4_1 / Q5_1 add m dx sum(x).
+ *
+ * Types: base + R16_OFF (the Python side names them "Q8_0/r16"...). Rows must be a multiple of 16. The same bytes are
+ * dequantized (prefill tiles, embedding rows) by quant_r16_dequantize_row, to the bits of the plain layout's. */
+INLINE int r16_has_m(int base) { return base == GT_Q4_1 || base == GT_Q5_1; }
+INLINE int r16_has_hbit(int base) { return base == GT_Q5_0 || base == GT_Q5_1; }
+
+/* 1 where base is a format r16 takes */
+int quant_r16_format(int base) {
+    return base == GT_Q8_0 || base == GT_Q4_0 || base == GT_Q4_1 || base == GT_Q5_0 || base == GT_Q5_1;
+}
+
+/* 1 where this build has the r16 kernels (AVX-512 with VNNI), else 0: r16 weights are then never made */
+int quant_r16_available(void) {
+#if defined(QV512) && defined(__AVX512VNNI__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* the unsigned codes of one plain block (group g of a row) and its raw fp16 d, m */
+static void r16_codes(int base, const uint8_t *row, int64_t g, uint8_t *u, uint16_t *d, uint16_t *m) {
+    int8_t q[32];
+    qscale s;
+    int c = 0;
+    const uint8_t *b;
+    switch (base) {
+    case GT_Q8_0: sdec_q8_0(row, g, q, &s); c = 128; b = row + g * 34; break;
+    case GT_Q4_0: sdec_q4_0(row, g, q, &s); c = 8; b = row + g * 18; break;
+    case GT_Q4_1: sdec_q4_1(row, g, q, &s); b = row + g * 20; break;
+    case GT_Q5_0: sdec_q5_0(row, g, q, &s); c = 16; b = row + g * 22; break;
+    default: sdec_q5_1(row, g, q, &s); b = row + g * 24; break;
+    }
+    for (int j = 0; j < 32; j++) u[j] = (uint8_t)(q[j] + c);
+    *d = rd16(b);
+    *m = r16_has_m(base) ? rd16(b + 2) : 0;
+}
+
+/* rows of the plain layout (N x K, N % 16 == 0) to r16 at dst (the same size). Returns 0, -1 (not a format r16
+ * takes), -2 (K not whole groups or N not whole tiles). */
+int quant_r16_repack(int base, const uint8_t *src, int64_t N, int64_t K, uint8_t *dst, int nt) {
+    int bs, bpb;
+    if (!quant_r16_format(base) || !quant_block_info(base, &bs, &bpb)) return -1;
+    if (K % 32 || N % 16) return -2;
+    const int64_t G = K / 32, row_bytes = G * bpb, tg = 16 * (int64_t)bpb;
+    const int hdr = r16_has_m(base) ? 64 : 32;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && N * K >= PAR_MIN)
+    for (int64_t t = 0; t < N / 16; t++)
+        for (int64_t g = 0; g < G; g++) {
+            uint8_t *p = dst + (t * G + g) * tg, *codes = p + hdr;
+            memset(p, 0, (size_t)tg);
+            for (int r = 0; r < 16; r++) {
+                uint8_t u[32];
+                uint16_t d, m;
+                r16_codes(base, src + (t * 16 + r) * row_bytes, g, u, &d, &m);
+                memcpy(p + 2 * r, &d, 2);
+                if (r16_has_m(base)) memcpy(p + 32 + 2 * r, &m, 2);
+                for (int c = 0; c < 8 && base == GT_Q8_0; c++)
+                    for (int j = 0; j < 4; j++) codes[c * 64 + r * 4 + j] = u[4 * c + j];
+                if (base == GT_Q8_0) continue;
+                for (int c = 0; c < 4; c++)
+                    for (int j = 0; j < 4; j++)
+                        codes[c * 64 + r * 4 + j] = (uint8_t)((u[4 * c + j] & 15) | (u[16 + 4 * c + j] & 15) << 4);
+                if (!r16_has_hbit(base)) continue;
+                uint64_t *masks = (uint64_t *)(codes + 256);   /* 8-byte aligned: tile-groups are 352 or 384 bytes */
+                for (int c = 0; c < 4; c++)
+                    for (int j = 0; j < 4; j++) {
+                        masks[2 * c] |= (uint64_t)((u[4 * c + j] >> 4) & 1) << (4 * r + j);
+                        masks[2 * c + 1] |= (uint64_t)((u[16 + 4 * c + j] >> 4) & 1) << (4 * r + j);
+                    }
+            }
+        }
+    return 0;
+}
+
+/* row r of an r16 weight as fp32 (or bf16) at out: weight = (u - c) * d + m, as the plain layout's decoder */
+static void r16_dequantize_row(int base, const uint8_t *w, int64_t row_bytes, int64_t r, int64_t K, void *out,
+                               int bf16) {
+    int bs, bpb;
+    quant_block_info(base, &bs, &bpb);
+    const int64_t G = K / 32, tg = 16 * (int64_t)bpb, l = r % 16;
+    const int hdr = r16_has_m(base) ? 64 : 32;
+    const int c0 = base == GT_Q8_0 ? 128 : base == GT_Q4_0 ? 8 : base == GT_Q5_0 ? 16 : 0;
+    const uint8_t *tile = w + (r / 16) * 16 * row_bytes;
+    for (int64_t g = 0; g < G; g++) {
+        const uint8_t *p = tile + g * tg, *codes = p + hdr;
+        const float d = h2f(rd16(p + 2 * l)), m = r16_has_m(base) ? h2f(rd16(p + 32 + 2 * l)) : -0.0f;
+        for (int j = 0; j < 32; j++) {
+            int u;
+            if (base == GT_Q8_0) u = codes[(j / 4) * 64 + l * 4 + j % 4];
+            else {
+                const int c = (j % 16) / 4, k = j % 4;
+                const uint8_t byte = codes[c * 64 + l * 4 + k];
+                u = j < 16 ? byte & 15 : byte >> 4;
+                if (r16_has_hbit(base)) {
+                    uint64_t mask;
+                    memcpy(&mask, codes + 256 + 8 * (2 * c + (j >= 16)), 8);
+                    u |= (int)((mask >> (4 * l + k)) & 1) << 4;
+                }
+            }
+            const float v = (float)(u - c0) * d + m;
+            if (bf16) ((uint16_t *)out)[32 * g + j] = f2bf(v);
+            else ((float *)out)[32 * g + j] = v;
+        }
+    }
+}
+
+#if defined(QV512) && defined(__AVX512VNNI__)
+/* chunk c of a tile-group's 4/5-bit codes: 16 rows x 4 weights from 4c (lo) and from 16 + 4c (hi), one byte each */
+INLINE void r16_nibbles(const int base, const uint8_t *codes, int c, __m512i *lo, __m512i *hi) {
+    const __m512i v = _mm512_loadu_si512(codes + 64 * c), m4 = _mm512_set1_epi8(0x0f), b4 = _mm512_set1_epi8(0x10);
+    *lo = _mm512_and_si512(v, m4);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    if (r16_has_hbit(base)) {   /* the fifth bits: codes <= 15 plus 16 */
+        const uint64_t *masks = (const uint64_t *)(codes + 256);
+        *lo = _mm512_mask_add_epi8(*lo, _cvtu64_mask64(masks[2 * c]), *lo, b4);
+        *hi = _mm512_mask_add_epi8(*hi, _cvtu64_mask64(masks[2 * c + 1]), *hi, b4);
+    }
+}
+
+/* one tile (16 rows) against one x row as int8 groups: xq [K], dx / sq [G] (scale, sum of q): 16 sums at out */
+INLINE void r16_tile(const int base, const uint8_t *p, int64_t G, int64_t tg, const int8_t *xq, const float *dx,
+                     const int32_t *sq, float *out) {
+    const int hdr = r16_has_m(base) ? 64 : 32;
+    const int c0 = base == GT_Q8_0 ? 128 : base == GT_Q4_0 ? 8 : base == GT_Q5_0 ? 16 : 0;
+    __m512 tot = _mm512_setzero_ps(), tot2 = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g++, p += tg) {
+        const uint8_t *codes = p + hdr;
+        const int32_t *x4 = (const int32_t *)(xq + 32 * g);
+        __m512i acc = _mm512_setzero_si512(), acc2 = _mm512_setzero_si512();
+        if (base == GT_Q8_0) {
+#pragma GCC unroll 4
+            for (int c = 0; c < 8; c += 2) {
+                acc = _mm512_dpbusd_epi32(acc, _mm512_loadu_si512(codes + 64 * c), _mm512_set1_epi32(x4[c]));
+                acc2 = _mm512_dpbusd_epi32(acc2, _mm512_loadu_si512(codes + 64 * c + 64),
+                                           _mm512_set1_epi32(x4[c + 1]));
+            }
+        } else {
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                __m512i lo, hi;
+                r16_nibbles(base, codes, c, &lo, &hi);
+                acc = _mm512_dpbusd_epi32(acc, lo, _mm512_set1_epi32(x4[c]));
+                acc2 = _mm512_dpbusd_epi32(acc2, hi, _mm512_set1_epi32(x4[4 + c]));
+            }
+        }
+        acc = _mm512_add_epi32(acc, acc2);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        if (c0) acc = _mm512_sub_epi32(acc, _mm512_set1_epi32(c0 * sq[g]));
+        tot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(d, _mm512_set1_ps(dx[g])), tot);
+        if (r16_has_m(base))
+            tot2 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32))),
+                                   _mm512_set1_ps(dx[g] * (float)sq[g]), tot2);
+    }
+    _mm512_storeu_ps(out, _mm512_add_ps(tot, tot2));
+}
+
+/* As r16_tile with x as int16 per 32 values (x16 [K], scale amax / 32767: an error of |x| / 65534, 256x below
+ * int8's, so results stay within ~1e-5 of the fp32 path's). Codes are widened to 16 bits and summed in pairs by
+ * vpdpwssd: rows 0-7 in `lo`, 8-15 in `hi`, each row's two lanes (weights 4c, 4c+1 and 4c+2, 4c+3) added at the end. */
+INLINE void r16_tile16(const int base, const uint8_t *p, int64_t G, int64_t tg, const int16_t *x16, const float *dx,
+                       const int32_t *sq, float *out) {
+    const int hdr = r16_has_m(base) ? 64 : 32;
+    const int c0 = base == GT_Q8_0 ? 128 : base == GT_Q4_0 ? 8 : base == GT_Q5_0 ? 16 : 0;
+    const __m512i pair_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512i pair_hi = _mm512_add_epi32(pair_lo, _mm512_set1_epi32(8));
+    __m512 tlo = _mm512_setzero_ps(), thi = _mm512_setzero_ps(), mlo = _mm512_setzero_ps(), mhi = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g++, p += tg) {
+        const uint8_t *codes = p + hdr;
+        const int64_t *x8 = (const int64_t *)(x16 + 32 * g);   /* 4 int16 x values a 64-bit word */
+        __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+        if (base == GT_Q8_0) {
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                const __m512i v = _mm512_loadu_si512(codes + 64 * c), xv = _mm512_set1_epi64(x8[c]);
+                lo = _mm512_dpwssd_epi32(lo, _mm512_cvtepu8_epi16(_mm512_castsi512_si256(v)), xv);
+                hi = _mm512_dpwssd_epi32(hi, _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(v, 1)), xv);
+            }
+        } else {
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                __m512i a, b;
+                r16_nibbles(base, codes, c, &a, &b);
+                const __m512i xa = _mm512_set1_epi64(x8[c]), xb = _mm512_set1_epi64(x8[4 + c]);
+                lo = _mm512_dpwssd_epi32(lo, _mm512_cvtepu8_epi16(_mm512_castsi512_si256(a)), xa);
+                hi = _mm512_dpwssd_epi32(hi, _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(a, 1)), xa);
+                lo = _mm512_dpwssd_epi32(lo, _mm512_cvtepu8_epi16(_mm512_castsi512_si256(b)), xb);
+                hi = _mm512_dpwssd_epi32(hi, _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(b, 1)), xb);
+            }
+        }
+        if (c0) {   /* the row's offset c * sum(x), taken from its even lane only (the two lanes are summed last) */
+            const __m512i corr = _mm512_set1_epi32(c0 * sq[g]);
+            lo = _mm512_mask_sub_epi32(lo, 0x5555, lo, corr);
+            hi = _mm512_mask_sub_epi32(hi, 0x5555, hi, corr);
+        }
+        const __m512 d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)), _mm512_set1_ps(dx[g]));
+        tlo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_permutexvar_ps(pair_lo, d), tlo);
+        thi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_permutexvar_ps(pair_hi, d), thi);
+        if (r16_has_m(base)) {   /* m * dx * sum(x), on the even lanes */
+            const __m512 m = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32))),
+                                           _mm512_set1_ps(dx[g] * (float)sq[g]));
+            mlo = _mm512_mask_add_ps(mlo, 0x5555, mlo, _mm512_permutexvar_ps(pair_lo, m));
+            mhi = _mm512_mask_add_ps(mhi, 0x5555, mhi, _mm512_permutexvar_ps(pair_hi, m));
+        }
+    }
+    tlo = _mm512_add_ps(tlo, mlo);
+    thi = _mm512_add_ps(thi, mhi);
+    /* lanes (2r, 2r + 1) -> row r: even lanes plus odd lanes, rows 0-7 from tlo and 8-15 from thi */
+    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_permutex2var_ps(tlo, even, thi), _mm512_permutex2var_ps(tlo, odd, thi)));
+}
+
+typedef void (*r16_fn)(const uint8_t *, int64_t, int64_t, const int8_t *, const float *, const int32_t *, float *);
+#define R16K(qt) \
+    static void r16k_##qt(const uint8_t *p, int64_t G, int64_t tg, const int8_t *xq, const float *dx, \
+                          const int32_t *sq, float *o) { r16_tile(qt, p, G, tg, xq, dx, sq, o); }
+#define R16K16(qt) \
+    static void r16k16_##qt(const uint8_t *p, int64_t G, int64_t tg, const int8_t *xq, const float *dx, \
+                            const int32_t *sq, float *o) { r16_tile16(qt, p, G, tg, (const int16_t *)xq, dx, sq, o); }
+R16K(GT_Q8_0) R16K(GT_Q4_0) R16K(GT_Q4_1) R16K(GT_Q5_0) R16K(GT_Q5_1)
+R16K16(GT_Q8_0) R16K16(GT_Q4_0) R16K16(GT_Q4_1) R16K16(GT_Q5_0) R16K16(GT_Q5_1)
+
+static r16_fn r16_kernel(int base, int x16) {
+    if (x16) switch (base) {
+    case GT_Q8_0: return r16k16_GT_Q8_0;
+    case GT_Q4_0: return r16k16_GT_Q4_0;
+    case GT_Q4_1: return r16k16_GT_Q4_1;
+    case GT_Q5_0: return r16k16_GT_Q5_0;
+    default: return r16k16_GT_Q5_1;
+    }
+    switch (base) {
+    case GT_Q8_0: return r16k_GT_Q8_0;
+    case GT_Q4_0: return r16k_GT_Q4_0;
+    case GT_Q4_1: return r16k_GT_Q4_1;
+    case GT_Q5_0: return r16k_GT_Q5_0;
+    default: return r16k_GT_Q5_1;
+    }
+}
+
+/* quant_qmatmul's contract for an r16 weight (type base + R16_OFF), x quantized to int8 groups first */
+static int r16_qmatmul(int base, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K, const void *x,
+                       int x_bf16, int64_t xs, int64_t B, void *y, int y_bf16, int64_t ys, const float *bias,
+                       int nt, int x16) {
+    int bs, bpb;
+    if (!quant_r16_format(base) || !quant_block_info(base, &bs, &bpb)) return -1;
+    if (K % 32 || N % 16) return -2;
+    const int64_t G = K / 32, tg = 16 * (int64_t)bpb;
+    int8_t *xq = (int8_t *)malloc((size_t)(B * K * (x16 ? 2 : 1) + 64));   /* int16 x where x16 */
+    float *dx = (float *)malloc((size_t)(B * G + 1) * sizeof(float));
+    int32_t *sq = (int32_t *)malloc((size_t)(B * G + 1) * sizeof(int32_t));
+    if (!xq || !dx || !sq) { free(xq); free(dx); free(sq); return -3; }
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t g = 0; g < G; g++) {
+            float v[32];
+            const float *src = x_group(x, x_bf16, xs, b, g, v);
+            if (x16) {
+                sq[b * G + g] = quantize_group(src, 32767.0f, (int16_t *)xq + b * K + 32 * g, dx + b * G + g);
+                continue;
+            }
+            uint16_t dh;
+            sq[b * G + g] = quantize_x_group(src, xq + b * K + 32 * g, &dh);
+            dx[b * G + g] = h2f(dh);
+        }
+    const r16_fn fn = r16_kernel(base, x16);
+    const int64_t xrow = x16 ? 2 * K : K;   /* bytes of one quantized x row */
+    const int64_t tiles = N / 16;
+    const int par = nt > 1 && tiles >= 2 && N * K >= PAR_MIN;
+#pragma omp parallel for num_threads(nt) schedule(static) if (par)
+    for (int64_t t = 0; t < tiles; t++)
+        for (int64_t b = 0; b < B; b++) {
+            float o[16];
+            fn(w + t * 16 * row_bytes, G, tg, xq + b * xrow, dx + b * G, sq + b * G, o);
+            for (int r = 0; r < 16; r++) {
+                const int64_t n = t * 16 + r;
+                const float v = o[r] + (bias ? bias[n] : 0.0f);
+                if (y_bf16) ((uint16_t *)y)[b * ys + n] = f2bf(v);
+                else ((float *)y)[b * ys + n] = v;
+            }
+        }
+    free(xq);
+    free(dx);
+    free(sq);
+    return 0;
+}
+#else
+static int r16_qmatmul(int base, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K, const void *x,
+                       int x_bf16, int64_t xs, int64_t B, void *y, int y_bf16, int64_t ys, const float *bias,
+                       int nt, int x16) {
+    (void)base; (void)w; (void)row_bytes; (void)N; (void)K; (void)x; (void)x_bf16; (void)xs; (void)B; (void)y;
+    (void)y_bf16; (void)ys; (void)bias; (void)nt; (void)x16;
+    return -5;
+}
+#endif

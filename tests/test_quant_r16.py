@@ -1,0 +1,127 @@
+"""r16 layouts (plugins/runner/csrc/quant_r16.c): the legacy GGML formats with 16 rows interleaved for decode.
+
+A repacked weight dequantizes to the plain layout's bits; its matmul with int16 activations stays within 1e-4 of the
+exact product (x as it is, the weight dequantized by gguf's own code), and with int8 activations equals x's Q8_0
+reconstruction times the weight (llama.cpp's numerics) to fp32 rounding."""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from modelcall.plugins.runner import quant
+
+pytestmark = pytest.mark.skipif(not quant.r16_available(), reason="no AVX-512 VNNI r16 kernels on this CPU")
+
+FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
+SHAPES = ((16, 32), (64, 96), (960, 576), (576, 1536))
+
+
+def plain(name: str, n: int, k: int, seed: int = 0) -> quant.QWeight:
+    """A random weight quantized by gguf's own quantizer (the bytes llama.cpp writes)."""
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n, k, generator=g) * 0.05).numpy()
+    data = gguf.quants.quantize(w, gguf.GGMLQuantizationType[name])
+    return quant.qweight_from_bytes(torch.from_numpy(data), quant.GGML_TYPES[name], n, k)
+
+
+def reference(w: quant.QWeight) -> torch.Tensor:
+    """The weight as gguf's NumPy dequantizer gives it, in float64."""
+    return torch.from_numpy(gguf.quants.dequantize(w.data.numpy(), gguf.GGMLQuantizationType(w.qtype))).double()
+
+
+def q8_0_of(x: torch.Tensor) -> torch.Tensor:
+    blocks = gguf.quants.quantize(x.numpy(), gguf.GGMLQuantizationType.Q8_0)
+    return torch.from_numpy(gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q8_0)).reshape(x.shape)
+
+
+def activations(b: int, k: int, seed: int = 1) -> torch.Tensor:
+    """Rows with a few large features, as a decoder's hidden states have."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(b, k, generator=g) * (torch.rand(1, k, generator=g) * 4) ** 2
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_a_repacked_weight_dequantizes_to_the_plain_layouts_bits(name):
+    for n, k in SHAPES:
+        w = plain(name, n, k)
+        r = quant.repack_r16(w)
+        assert r is not None and r.nbytes == w.nbytes and quant.type_name(r.qtype) == f"{name}/r16"
+        assert not torch.equal(r.data, w.data)   # another order of the same bytes' information
+        assert torch.equal(r.dequantize(), w.dequantize())
+        assert torch.equal(r.dequantize(torch.bfloat16), w.dequantize(torch.bfloat16))
+        ids = torch.tensor([[0, n - 1], [n // 2, 5 % n]])
+        assert torch.equal(r.rows(ids), w.rows(ids))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_int16_activations_stay_within_1e_4_of_the_exact_product(name):
+    for n, k in SHAPES:
+        w, bias = plain(name, n, k), torch.randn(n)
+        r = quant.repack_r16(w)
+        for b in (1, 3, 9):
+            x = activations(b, k)
+            exact = x.double() @ reference(w).T + bias.double()
+            got = quant.qmatmul(x, r, bias).double()
+            assert ((got - exact).abs().max() / exact.abs().max()).item() < 1e-4, (n, k, b)
+            got_bf16 = quant.qmatmul(x.bfloat16(), r, bias).double()   # bf16 rows in and out
+            exact_bf16 = x.bfloat16().double() @ reference(w).T + bias.double()
+            assert ((got_bf16 - exact_bf16).abs().max() / exact_bf16.abs().max()).item() < 1e-2
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_int8_activations_give_llama_cpp_numerics(name):
+    for n, k in SHAPES[1:]:
+        w = plain(name, n, k)
+        r = quant.repack_r16(w)
+        x = activations(4, k)
+        want = q8_0_of(x).double() @ reference(w).T
+        got = quant.qmatmul(x, r, int8=True).double()
+        assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5
+        plain_int8 = quant.qmatmul(x, w, int8=True).double()   # the row-at-a-time int8 kernel: the same numbers
+        assert ((got - plain_int8).abs().max() / want.abs().max()).item() < 1e-5
+
+
+@pytest.mark.parametrize("name", ("Q8_0", "Q4_1", "Q5_0"))
+def test_one_nibble_moved_in_the_repacked_bytes_changes_exactly_its_row(name):
+    n, k = 64, 96
+    w = plain(name, n, k)
+    r = quant.repack_r16(w)
+    x = activations(1, k)
+    before = quant.qmatmul(x, r)
+    data = r.data.clone()
+    # the first code byte of row 5 in the first tile-group: bytes 32 (d) [+ 32 (m)] + 4 x lane
+    at = (64 if name == "Q4_1" else 32) + 4 * 5
+    data.view(-1)[at] ^= 0x10
+    broken = quant.QWeight(data, r.qtype, r.shape)
+    after = quant.qmatmul(x, broken)
+    changed = (after != before).nonzero()[:, 1].tolist()
+    assert changed == [5]
+    assert not torch.equal(broken.dequantize()[5], w.dequantize()[5])
+
+
+def test_weights_r16_does_not_take_stay_as_they_are():
+    assert quant.repack_r16(plain("Q8_0", 24, 64)) is None   # rows not a multiple of 16
+    g = torch.Generator().manual_seed(0)
+    k_quant = quant.quantize(torch.randn(32, 256, generator=g), quant.GGML_TYPES["Q4_K"])
+    assert quant.repack_r16(k_quant) is None   # a K-quant: no r16 layout
+    w = plain("Q8_0", 32, 64)
+    with pytest.raises(ValueError, match="a Q8_0/r16 row holds a multiple of 32"):
+        quant.qweight_from_bytes(w.data.view(-1)[:32 * 34], quant.GGML_TYPES["Q8_0"] + quant.R16_OFF, 32, 30)
+
+
+def test_a_repacked_model_weight_keeps_its_size_and_serves_its_rows(tmp_path):
+    """A tied embedding / lm_head weight is repacked once and stays shared (quant_repack.repack_model)."""
+    from modelcall.plugins.runner import gguf_weights, quant_repack
+    w = plain("Q8_0", 128, 64)
+    emb = gguf_weights.QuantEmbedding(w, torch.float32)
+    head = quant.QuantLinear(w)
+    model = torch.nn.ModuleDict({"embed": emb, "head": head})
+    assert quant_repack.repack_model(model) == 1
+    assert emb.qweight is head.qweight and emb.qweight.qtype == w.qtype + quant.R16_OFF
+    ids = torch.tensor([3, 127, 64])
+    assert torch.equal(emb(ids), w.rows(ids))
+    x = activations(2, 64)
+    assert torch.allclose(head(x), quant.qmatmul(x, w), rtol=0, atol=1e-4 * float(quant.qmatmul(x, w).abs().max()))
+    np.testing.assert_array_equal(head.qweight.dequantize().numpy(), w.dequantize().numpy())
