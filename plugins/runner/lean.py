@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from modelcall.plugins.runner import attention, cpu_kernel, fused_ops, packing, plain_decode, quant
+from modelcall.plugins.runner import attention, cpu_kernel, decode_stack, fused_ops, packing, plain_decode, quant
 from modelcall.plugins.runner.batch import StepBatch
 
 log = logging.getLogger("modelcall.runner")
@@ -91,14 +91,15 @@ def _fused(parts: list[Any]) -> Linear | None:
 
 
 def _fused_quant(parts: list[Any]) -> Linear | None:
-    if len({p.qweight.shape[1] for p in parts}) != 1 or len({p.bias is None for p in parts}) != 1:
+    if len({p.qweight.shape[1] for p in parts}) != 1 or len({p.bias is None for p in parts}) != 1 or len(
+            {p.int8 for p in parts}) != 1:
         return None
     bias = torch.cat([p.bias for p in parts]) if parts[0].bias is not None else None
     if len({p.qweight.qtype for p in parts}) == 1:   # rows are independent: concatenated blocks are one weight
         k = parts[0].qweight.shape[1]
         qw = quant.qweight_from_bytes(torch.cat([p.qweight.data for p in parts]), parts[0].qweight.qtype,
                                       sum(p.qweight.shape[0] for p in parts), k)
-        return quant.QuantLinear(qw, bias).forward
+        return quant.QuantLinear(qw, bias, int8=parts[0].int8).forward
     bounds, at = [], 0
     for p in parts:
         bounds.append((p.qweight, at, at + p.qweight.shape[0]))
@@ -109,7 +110,7 @@ def _fused_quant(parts: list[Any]) -> Linear | None:
             return torch.cat([p.forward(x) for p in parts], -1)   # each part adds its own bias
         out = x.new_empty(x.shape[0], at)
         for qw, a, b in bounds:   # each part writes its own columns (a row stride of `at`)
-            quant.qmatmul(x, qw, None, out=out[:, a:b])
+            quant.qmatmul(x, qw, None, out=out[:, a:b], int8=parts[0].int8)
         return out if bias is None else out.add_(bias)
     return run
 
@@ -129,6 +130,7 @@ class LeanStack:
         self.num_q, self.num_kv, self.head_dim = heads
         self.cos = self.sin = self.final_norm.new_empty(0, self.head_dim)
         self.plain: plain_decode.DecodeAttention | None = None   # set by build() (plain_decode.py)
+        self.cstack: decode_stack.DecodeStack | None = None      # set by build() (decode_stack.py)
 
     def _rope_table(self, positions: int) -> None:
         """cos/sin rows for positions 0..n-1 (n a power of two >= `positions`), as the HF rotary module
@@ -153,6 +155,9 @@ class LeanStack:
         last = len(self.layers) - 1
         heads = (nq, nkv, nkv)
         plain = self.plain if self.plain is not None and self.plain.prepare(step, pos, tokens, h.dtype) else None
+        if plain is not None and self.cstack is not None and tokens <= quant.dense_from_tokens(h.dtype):
+            self.cstack.run(h, x)   # every layer in one C call: the loop below, over quantized weights
+            return x
         act: torch.Tensor | None = None   # silu(gate) * up, one buffer for every layer (down reads it before the next)
         for i, L in enumerate(self.layers):
             qkv = L.qkv(x)
@@ -186,7 +191,7 @@ class LeanStack:
 
 
 def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows: tuple[int, ...],
-          mode: Any = "auto", epilogues: Any = "auto", plain: Any = "auto") -> LeanStack | None:
+          mode: Any = "auto", epilogues: Any = "auto", plain: Any = "auto", cstack: Any = "auto") -> LeanStack | None:
     """The lean stack for `model` when `mode` and the model allow it, else None (transformers' modules run)."""
     if mode in (False, "off", "false"):
         return None
@@ -206,6 +211,7 @@ def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows
         log.info("lean decoder not used for %s: %s", type(model).__name__, why)
         return None
     layers = []
+    projections: list[tuple[Any, ...]] | None = []   # each layer's quantized weights, for the decode stack
     for i, layer in enumerate(base.layers):
         attn, mlp = layer.self_attn, layer.mlp
         qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj])
@@ -216,6 +222,13 @@ def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows
         if qkv is None or o is None or down is None or (gate_up is None and (gate is None or up is None)):
             log.info("lean decoder not used: layer %d's linears are not packed the expected way", i)
             return None
+        if projections is not None:
+            qkv_parts = decode_stack.parts_of(qkv, [attn.q_proj, attn.k_proj, attn.v_proj])
+            gu_parts = (decode_stack.parts_of(gate_up, [mlp.gate_proj, mlp.up_proj]) if gate_up is not None else
+                        _joined(decode_stack.parts_of(gate, [mlp.gate_proj]), decode_stack.parts_of(up, [mlp.up_proj])))
+            four = (qkv_parts, decode_stack.parts_of(o, [attn.o_proj]), gu_parts,
+                    decode_stack.parts_of(down, [mlp.down_proj]))
+            projections = None if any(p is None for p in four) else projections + [four]
         qn, kn = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
         layers.append(Layer(attn, qkv, o, gate_up, gate, up, down, layer.input_layernorm.weight,
                             layer.post_attention_layernorm.weight, qn.weight if qn is not None else None,
@@ -227,9 +240,15 @@ def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows
                       (int(hf_config.num_attention_heads), int(hf_config.num_key_value_heads), int(d)))
     if plain not in (False, "off", "false") and all(L.window is None for L in layers) and cpu_kernel.load() is not None:
         stack.plain = plain_decode.DecodeAttention(stack)
-    log.info("lean decoder stack: %d %s layers (%s; plain decode steps in one call per layer: %s)", len(layers),
-             hf_config.model_type, dtype, stack.plain is not None)
+    if cstack not in (False, "off", "false"):
+        stack.cstack = decode_stack.DecodeStack.build(stack, projections)
+    log.info("lean decoder stack: %d %s layers (%s; plain decode steps in one call per layer: %s, all layers in one "
+             "call: %s)", len(layers), hf_config.model_type, dtype, stack.plain is not None, stack.cstack is not None)
     return stack
+
+
+def _joined(a: list | None, b: list | None) -> list | None:
+    return a + b if a is not None and b is not None else None
 
 
 def _packed(mod: Any) -> torch.Tensor | None:

@@ -1,0 +1,82 @@
+/* A plain decode step of the lean stack over quantized weights, every layer in one call (plugins/runner/decode_stack.py).
+ *
+ * At batch 1 a SmolLM2-sized layer is ~60 us of kernels, and each of the 8 calls from Python that lean.py makes per
+ * layer (4 quantized matmuls, attention, 2 norms, silu * up) costs 5-15 us of interpreter between two kernels. Here
+ * the loop over layers is C and calls the same functions, through pointers into the libraries that hold them
+ * (quant_qmatmul, decode_layer_attention, add_rmsnorm, silu_mul), in the same order on the same buffers: the same
+ * bits as lean.LeanStack.forward (tests/test_decode_stack.py).
+ *
+ *   per layer:  qkv = [q | k | v](x)   (one to three quantized weights, each writing its columns of qkv)
+ *               a   = attention(qkv)   (rope, K/V write, paged attention: decode_layer_attention)
+ *               h  += o(a);  x = rmsnorm2(h)
+ *               gu  = [gate | up](x);  act = silu(gate) * up
+ *               h  += down(act); x = next layer's rmsnorm1(h), or the final norm after the last
+ */
+#include <stdint.h>
+
+typedef int (*qmatmul_fn)(int, const uint8_t *, int64_t, int64_t, int64_t, const void *, int, int64_t, int64_t,
+                          void *, int, int64_t, const float *, int);
+typedef void (*attention_fn)(const void *, const void *, void *, void *);
+typedef void (*add_rmsnorm_fn)(const void *, int64_t, void *, int64_t, void *, int64_t, const void *, int64_t,
+                               int64_t, float, int, int);
+typedef void (*silu_mul_fn)(const void *, int64_t, const void *, int64_t, void *, int64_t, int64_t, int64_t, int,
+                            int);
+
+/* one quantized weight writing columns [col, col + n) of its projection's output */
+typedef struct {
+    const uint8_t *w;
+    const float *bias;
+    int64_t row_bytes, n, k, col;
+    int qt, int8;   /* int8: quant_qmatmul_int8 (llama.cpp's activations), else quant_qmatmul */
+} qpart_t;
+
+typedef struct {
+    qpart_t qkv[3], gate_up[2], o, down;
+    int n_qkv, n_gate_up;
+    const void *norm2, *next_norm;   /* post-attention norm; the next layer's input norm (the final norm last) */
+    const void *attention;           /* this layer's decode_layer_t */
+} stack_layer_t;
+
+typedef struct {
+    qmatmul_fn qmatmul, qmatmul_int8;
+    attention_fn attention;
+    add_rmsnorm_fn add_rmsnorm;
+    silu_mul_fn silu_mul;
+    const void *attention_step;      /* the step's decode_step_t */
+    const stack_layer_t *layers;
+    int64_t n_layers, tokens, hidden, inter, qkv_width, attn_width;
+    void *h, *x, *qkv, *attn, *tmp, *gu, *act;   /* [tokens][...] rows, contiguous, in the activations' dtype */
+    float eps;
+    int bf16, nthreads;
+} stack_t;
+
+static int project(const stack_t *s, const qpart_t *p, int parts, const void *in, int64_t in_width, void *out,
+                   int64_t out_width) {
+    const int64_t es = s->bf16 ? 2 : 4;
+    for (int i = 0; i < parts; i++) {
+        const int rc = (p[i].int8 ? s->qmatmul_int8 : s->qmatmul)(p[i].qt, p[i].w, p[i].row_bytes, p[i].n, p[i].k, in, s->bf16, in_width, s->tokens,
+                                  (char *)out + p[i].col * es, s->bf16, out_width, p[i].bias, s->nthreads);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* Every layer of the step; x holds the first layer's normed input on entry and the final-normed rows on return.
+ * Returns 0, or the first non-zero code of a quantized matmul (then x is undefined). */
+int decode_stack(const stack_t *s) {
+    const int64_t T = s->tokens, H = s->hidden, I = s->inter;
+    for (int64_t i = 0; i < s->n_layers; i++) {
+        const stack_layer_t *L = s->layers + i;
+        int rc = project(s, L->qkv, L->n_qkv, s->x, H, s->qkv, s->qkv_width);
+        if (rc) return rc;
+        s->attention(s->attention_step, L->attention, s->qkv, s->attn);
+        if ((rc = project(s, &L->o, 1, s->attn, s->attn_width, s->tmp, H))) return rc;
+        s->add_rmsnorm(s->tmp, H, s->h, H, s->x, H, L->norm2, T, H, s->eps, s->bf16, s->nthreads);
+        if ((rc = project(s, L->gate_up, L->n_gate_up, s->x, H, s->gu, 2 * I))) return rc;
+        s->silu_mul(s->gu, 2 * I, (const char *)s->gu + I * (s->bf16 ? 2 : 4), 2 * I, s->act, I, T, I, s->bf16,
+                    s->nthreads);
+        if ((rc = project(s, &L->down, 1, s->act, I, s->tmp, H))) return rc;
+        s->add_rmsnorm(s->tmp, H, s->h, H, s->x, H, L->next_norm, T, H, s->eps, s->bf16, s->nthreads);
+    }
+    return 0;
+}
