@@ -12,18 +12,23 @@ import torch
 
 from modelcall.plugins.runner import quant
 
+from test_quant_kernels import weight_bytes
+
 pytestmark = pytest.mark.skipif(not quant.r16_available(), reason="no AVX-512 VNNI r16 kernels on this CPU")
 
-FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
-SHAPES = ((16, 32), (64, 96), (960, 576), (576, 1536))
+FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K")
+LEGACY_SHAPES = ((16, 32), (64, 96), (960, 576), (576, 1536))
+K_SHAPES = ((16, 256), (64, 512), (640, 2048), (576, 1536))
+
+
+def shapes(name: str) -> tuple[tuple[int, int], ...]:
+    return K_SHAPES if name.endswith("_K") else LEGACY_SHAPES
 
 
 def plain(name: str, n: int, k: int, seed: int = 0) -> quant.QWeight:
-    """A random weight quantized by gguf's own quantizer (the bytes llama.cpp writes)."""
-    g = torch.Generator().manual_seed(seed)
-    w = (torch.randn(n, k, generator=g) * 0.05).numpy()
-    data = gguf.quants.quantize(w, gguf.GGMLQuantizationType[name])
-    return quant.qweight_from_bytes(torch.from_numpy(data), quant.GGML_TYPES[name], n, k)
+    """A random weight quantized by gguf's own quantizer (the bytes llama.cpp writes); K formats, which gguf cannot
+    quantize, as random blocks with sane scales (test_quant_kernels.weight_bytes)."""
+    return quant.qweight_from_bytes(torch.from_numpy(weight_bytes(name, n, k, seed)), quant.GGML_TYPES[name], n, k)
 
 
 def reference(w: quant.QWeight) -> torch.Tensor:
@@ -44,10 +49,11 @@ def activations(b: int, k: int, seed: int = 1) -> torch.Tensor:
 
 @pytest.mark.parametrize("name", FORMATS)
 def test_a_repacked_weight_dequantizes_to_the_plain_layouts_bits(name):
-    for n, k in SHAPES:
+    for n, k in shapes(name):
         w = plain(name, n, k)
         r = quant.repack_r16(w)
-        assert r is not None and r.nbytes == w.nbytes and quant.type_name(r.qtype) == f"{name}/r16"
+        assert r is not None and quant.type_name(r.qtype) == f"{name}/r16"
+        assert r.nbytes == (w.nbytes * 148 // 144 if name == "Q4_K" else w.nbytes)   # Q4_K: scales as bytes
         assert not torch.equal(r.data, w.data)   # another order of the same bytes' information
         assert torch.equal(r.dequantize(), w.dequantize())
         assert torch.equal(r.dequantize(torch.bfloat16), w.dequantize(torch.bfloat16))
@@ -57,7 +63,7 @@ def test_a_repacked_weight_dequantizes_to_the_plain_layouts_bits(name):
 
 @pytest.mark.parametrize("name", FORMATS)
 def test_int16_activations_stay_within_1e_4_of_the_exact_product(name):
-    for n, k in SHAPES:
+    for n, k in shapes(name):
         w, bias = plain(name, n, k), torch.randn(n)
         r = quant.repack_r16(w)
         for b in (1, 3, 9):
@@ -72,7 +78,7 @@ def test_int16_activations_stay_within_1e_4_of_the_exact_product(name):
 
 @pytest.mark.parametrize("name", FORMATS)
 def test_int8_activations_give_llama_cpp_numerics(name):
-    for n, k in SHAPES[1:]:
+    for n, k in shapes(name)[1:]:
         w = plain(name, n, k)
         r = quant.repack_r16(w)
         x = activations(4, k)
@@ -83,16 +89,16 @@ def test_int8_activations_give_llama_cpp_numerics(name):
         assert ((got - plain_int8).abs().max() / want.abs().max()).item() < 1e-5
 
 
-@pytest.mark.parametrize("name", ("Q8_0", "Q4_1", "Q5_0"))
+@pytest.mark.parametrize("name", ("Q8_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K"))
 def test_one_nibble_moved_in_the_repacked_bytes_changes_exactly_its_row(name):
-    n, k = 64, 96
+    n, k = (64, 256) if name.endswith("_K") else (64, 96)
     w = plain(name, n, k)
     r = quant.repack_r16(w)
     x = activations(1, k)
     before = quant.qmatmul(x, r)
     data = r.data.clone()
-    # the first code byte of row 5 in the first tile-group: bytes 32 (d) [+ 32 (m)] + 4 x lane
-    at = (64 if name == "Q4_1" else 32) + 4 * 5
+    # the first code byte of row 5 in the first tile-group: after the header (d, m; the K formats' scales), 4 a lane
+    at = {"Q4_1": 64, "Q4_K": 320, "Q6_K": 288}.get(name, 32) + 4 * 5
     data.view(-1)[at] ^= 0x10
     broken = quant.QWeight(data, r.qtype, r.shape)
     after = quant.qmatmul(x, broken)
@@ -104,8 +110,9 @@ def test_one_nibble_moved_in_the_repacked_bytes_changes_exactly_its_row(name):
 def test_weights_r16_does_not_take_stay_as_they_are():
     assert quant.repack_r16(plain("Q8_0", 24, 64)) is None   # rows not a multiple of 16
     g = torch.Generator().manual_seed(0)
-    k_quant = quant.quantize(torch.randn(32, 256, generator=g), quant.GGML_TYPES["Q4_K"])
-    assert quant.repack_r16(k_quant) is None   # a K-quant: no r16 layout
+    k_quant = quant.quantize(torch.randn(24, 256, generator=g), quant.GGML_TYPES["Q4_K"])
+    assert quant.repack_r16(k_quant) is None   # 24 rows again
+    assert quant.repack_r16(plain("Q5_K", 32, 256)) is None   # a format without an r16 layout
     w = plain("Q8_0", 32, 64)
     with pytest.raises(ValueError, match="a Q8_0/r16 row holds a multiple of 32"):
         quant.qweight_from_bytes(w.data.view(-1)[:32 * 34], quant.GGML_TYPES["Q8_0"] + quant.R16_OFF, 32, 30)

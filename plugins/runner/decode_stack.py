@@ -41,7 +41,8 @@ class StackLayer(ctypes.Structure):
 class Stack(ctypes.Structure):
     """csrc/decode_stack.c's stack_t."""
 
-    _fields_ = [("qmatmul", _p), ("qmatmul_int8", _p), ("attention", _p), ("add_rmsnorm", _p), ("silu_mul", _p), ("attention_step", _p),
+    _fields_ = [("qmatmul", _p), ("qmatmul_int8", _p), ("attention", _p), ("add_rmsnorm", _p), ("silu_mul", _p),
+                ("attention_step", _p),
                 ("layers", ctypes.POINTER(StackLayer)), ("n_layers", _i64), ("tokens", _i64), ("hidden", _i64),
                 ("inter", _i64), ("qkv_width", _i64), ("attn_width", _i64), ("h", _p), ("x", _p), ("qkv", _p),
                 ("attn", _p), ("tmp", _p), ("gu", _p), ("act", _p), ("eps", _f), ("bf16", _int), ("nthreads", _int)]
@@ -135,8 +136,8 @@ class DecodeStack:
         a, have = self.args, self.buffers.get(dtype)
         if have is None or have[0].shape[0] < tokens:
             rows = max(tokens, 2 * have[0].shape[0] if have is not None else 1)
-            have = self.buffers[dtype] = (torch.empty(rows, a.qkv_width, dtype=dtype), torch.empty(rows, a.hidden, dtype=dtype),
-                                          torch.empty(rows, 2 * a.inter, dtype=dtype), torch.empty(rows, a.inter, dtype=dtype))
+            have = self.buffers[dtype] = tuple(torch.empty(rows, width, dtype=dtype)
+                                               for width in (a.qkv_width, a.hidden, 2 * a.inter, a.inter))
         return tuple(b[:tokens] for b in have)
 
     def run(self, h: torch.Tensor, x: torch.Tensor) -> None:

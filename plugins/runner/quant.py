@@ -29,12 +29,15 @@ _FLOAT_TYPES = (0, 1, 30)
 QUANTIZABLE = (GGML_TYPES["Q8_0"], GGML_TYPES["Q4_0"], GGML_TYPES["Q4_K"])
 
 _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
-_FILES = ("quant_common.h", "quant_legacy.c", "quant_k.c", "quant_matmul.c", "quant_int8.c", "quant_r16.c")
-# r16 layouts (csrc/quant_r16.c): a legacy format's weight with 16 rows interleaved, for int8-activation decode; its
-# type number is the plain format's + R16_OFF
+_FILES = ("quant_common.h", "quant_legacy.c", "quant_k.c", "quant_matmul.c", "quant_int8.c", "quant_r16.c",
+          "quant_r16k.c")
+# r16 layouts (csrc/quant_r16.c, quant_r16k.c): a weight with 16 rows interleaved, for decode with integer dot
+# products; its type number is the plain format's + R16_OFF
 R16_OFF = 100
-R16_FORMATS = (GGML_TYPES["Q8_0"], GGML_TYPES["Q4_0"], GGML_TYPES["Q4_1"], GGML_TYPES["Q5_0"], GGML_TYPES["Q5_1"])
+R16_FORMATS = tuple(GGML_TYPES[t] for t in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K"))
+# (weights, bytes) a row's block holds in the r16 layout: the plain format's, but Q4_K's 6-bit scales unpacked to bytes
 _BLOCKS.update({t + R16_OFF: _BLOCKS[t] for t in R16_FORMATS})
+_BLOCKS[GGML_TYPES["Q4_K"] + R16_OFF] = (256, 148)
 
 
 def _read_source() -> str:
@@ -204,13 +207,14 @@ def r16_available() -> bool:
 
 
 def repack_r16(w: QWeight) -> QWeight | None:
-    """`w` in its r16 layout (csrc/quant_r16.c: 16 rows interleaved; the same size), or None where that does not
-    apply: a format r16 does not take, rows not a multiple of 16, or no r16 kernels here. Every function of this
-    module takes the result; qmatmul on it quantizes x to int8 per 32 values (llama.cpp's numerics)."""
+    """`w` in its r16 layout (csrc/quant_r16.c, quant_r16k.c: 16 rows interleaved; the same size, Q4_K 3% more), or
+    None where that does not apply: a format r16 does not take, rows not a multiple of 16, or no r16 kernels here.
+    Every function of this module takes the result; qmatmul on it quantizes x per 32 values to int16 (int8=True:
+    int8, llama.cpp's numerics)."""
     n, k = w.shape
     if w.qtype not in R16_FORMATS or n % 16 or not r16_available():
         return None
-    out = torch.empty_like(w.data)
+    out = torch.empty(n, row_bytes(w.qtype + R16_OFF, k), dtype=torch.uint8)
     rc = load().quant_r16_repack(w.qtype, w.data.data_ptr(), n, k, out.data_ptr(), _threads())
     _check(rc, "r16 repack", w)
     return QWeight(out, w.qtype + R16_OFF, (n, k))

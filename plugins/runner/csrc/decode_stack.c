@@ -1,4 +1,4 @@
-/* A plain decode step of the lean stack over quantized weights, every layer in one call (plugins/runner/decode_stack.py).
+/* A plain decode step of the lean stack over quantized weights, every layer in one call (runner/decode_stack.py).
  *
  * At batch 1 a SmolLM2-sized layer is ~60 us of kernels, and each of the 8 calls from Python that lean.py makes per
  * layer (4 quantized matmuls, attention, 2 norms, silu * up) costs 5-15 us of interpreter between two kernels. Here
@@ -54,8 +54,9 @@ static int project(const stack_t *s, const qpart_t *p, int parts, const void *in
                    int64_t out_width) {
     const int64_t es = s->bf16 ? 2 : 4;
     for (int i = 0; i < parts; i++) {
-        const int rc = (p[i].int8 ? s->qmatmul_int8 : s->qmatmul)(p[i].qt, p[i].w, p[i].row_bytes, p[i].n, p[i].k, in, s->bf16, in_width, s->tokens,
-                                  (char *)out + p[i].col * es, s->bf16, out_width, p[i].bias, s->nthreads);
+        const qmatmul_fn mm = p[i].int8 ? s->qmatmul_int8 : s->qmatmul;
+        const int rc = mm(p[i].qt, p[i].w, p[i].row_bytes, p[i].n, p[i].k, in, s->bf16, in_width, s->tokens,
+                          (char *)out + p[i].col * es, s->bf16, out_width, p[i].bias, s->nthreads);
         if (rc) return rc;
     }
     return 0;

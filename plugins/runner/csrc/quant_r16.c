@@ -22,10 +22,24 @@
 INLINE int r16_has_m(int base) { return base == GT_Q4_1 || base == GT_Q5_1; }
 INLINE int r16_has_hbit(int base) { return base == GT_Q5_0 || base == GT_Q5_1; }
 
-/* 1 where base is a format r16 takes */
+INLINE int r16_k_format(int base) { return base == GT_Q4_K || base == GT_Q6_K; }
+
+/* 1 where base is a format r16 takes (the K formats' layouts: quant_r16k.c) */
 int quant_r16_format(int base) {
-    return base == GT_Q8_0 || base == GT_Q4_0 || base == GT_Q4_1 || base == GT_Q5_0 || base == GT_Q5_1;
+    return base == GT_Q8_0 || base == GT_Q4_0 || base == GT_Q4_1 || base == GT_Q5_0 || base == GT_Q5_1 ||
+           r16_k_format(base);
 }
+
+/* weights and bytes a row's block holds in base's r16 layout (the K formats' differ from their plain blocks) */
+static int r16_block(int base, int *weights, int *bytes) {
+    if (!quant_r16_format(base) || !quant_block_info(base, weights, bytes)) return 0;
+    if (base == GT_Q4_K) *bytes = 148;   /* quant_r16k.c: R16K_Q4K_BYTES */
+    return 1;
+}
+
+static void r16k_repack(int base, const uint8_t *src, int64_t N, int64_t K, uint8_t *dst, int nt);
+static void r16k_dequantize_row(int base, const uint8_t *w, int64_t row_bytes, int64_t r, int64_t K, void *out,
+                                int bf16);
 
 /* 1 where this build has the r16 kernels (AVX-512 with VNNI), else 0: r16 weights are then never made */
 int quant_r16_available(void) {
@@ -54,12 +68,13 @@ static void r16_codes(int base, const uint8_t *row, int64_t g, uint8_t *u, uint1
     *m = r16_has_m(base) ? rd16(b + 2) : 0;
 }
 
-/* rows of the plain layout (N x K, N % 16 == 0) to r16 at dst (the same size). Returns 0, -1 (not a format r16
- * takes), -2 (K not whole groups or N not whole tiles). */
+/* rows of the plain layout (N x K, N % 16 == 0) to r16 at dst (N x the r16 row's bytes: the same size but for Q4_K).
+ * Returns 0, -1 (not a format r16 takes), -2 (K not whole blocks or N not whole tiles). */
 int quant_r16_repack(int base, const uint8_t *src, int64_t N, int64_t K, uint8_t *dst, int nt) {
     int bs, bpb;
-    if (!quant_r16_format(base) || !quant_block_info(base, &bs, &bpb)) return -1;
-    if (K % 32 || N % 16) return -2;
+    if (!r16_block(base, &bs, &bpb)) return -1;
+    if (K % bs || N % 16) return -2;
+    if (r16_k_format(base)) { r16k_repack(base, src, N, K, dst, nt); return 0; }
     const int64_t G = K / 32, row_bytes = G * bpb, tg = 16 * (int64_t)bpb;
     const int hdr = r16_has_m(base) ? 64 : 32;
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && N * K >= PAR_MIN)
@@ -94,6 +109,7 @@ int quant_r16_repack(int base, const uint8_t *src, int64_t N, int64_t K, uint8_t
 /* row r of an r16 weight as fp32 (or bf16) at out: weight = (u - c) * d + m, as the plain layout's decoder */
 static void r16_dequantize_row(int base, const uint8_t *w, int64_t row_bytes, int64_t r, int64_t K, void *out,
                                int bf16) {
+    if (r16_k_format(base)) { r16k_dequantize_row(base, w, row_bytes, r, K, out, bf16); return; }
     int bs, bpb;
     quant_block_info(base, &bs, &bpb);
     const int64_t G = K / 32, tg = 16 * (int64_t)bpb, l = r % 16;
@@ -229,17 +245,31 @@ INLINE void r16_tile16(const int base, const uint8_t *p, int64_t G, int64_t tg, 
     _mm512_storeu_ps(out, _mm512_add_ps(_mm512_permutex2var_ps(tlo, even, thi), _mm512_permutex2var_ps(tlo, odd, thi)));
 }
 
-typedef void (*r16_fn)(const uint8_t *, int64_t, int64_t, const int8_t *, const float *, const int32_t *, float *);
+typedef void (*r16_fn)(const uint8_t *, int64_t, int64_t, const int8_t *, const float *, const int32_t *,
+                       const int32_t *, float *);
 #define R16K(qt) \
     static void r16k_##qt(const uint8_t *p, int64_t G, int64_t tg, const int8_t *xq, const float *dx, \
-                          const int32_t *sq, float *o) { r16_tile(qt, p, G, tg, xq, dx, sq, o); }
+                          const int32_t *sq, const int32_t *sh, float *o) { \
+        (void)sh; r16_tile(qt, p, G, tg, xq, dx, sq, o); }
 #define R16K16(qt) \
     static void r16k16_##qt(const uint8_t *p, int64_t G, int64_t tg, const int8_t *xq, const float *dx, \
-                            const int32_t *sq, float *o) { r16_tile16(qt, p, G, tg, (const int16_t *)xq, dx, sq, o); }
+                            const int32_t *sq, const int32_t *sh, float *o) { \
+        (void)sh; r16_tile16(qt, p, G, tg, (const int16_t *)xq, dx, sq, o); }
 R16K(GT_Q8_0) R16K(GT_Q4_0) R16K(GT_Q4_1) R16K(GT_Q5_0) R16K(GT_Q5_1)
 R16K16(GT_Q8_0) R16K16(GT_Q4_0) R16K16(GT_Q4_1) R16K16(GT_Q5_0) R16K16(GT_Q5_1)
 
+static void r16k_q4k_8(const uint8_t *, int64_t, int64_t, const int8_t *, const float *, const int32_t *,
+                       const int32_t *, float *);
+static void r16k_q4k_16(const uint8_t *, int64_t, int64_t, const int8_t *, const float *, const int32_t *,
+                        const int32_t *, float *);
+static void r16k_q6k_8(const uint8_t *, int64_t, int64_t, const int8_t *, const float *, const int32_t *,
+                       const int32_t *, float *);
+static void r16k_q6k_16(const uint8_t *, int64_t, int64_t, const int8_t *, const float *, const int32_t *,
+                        const int32_t *, float *);
+
 static r16_fn r16_kernel(int base, int x16) {
+    if (base == GT_Q4_K) return x16 ? r16k_q4k_16 : r16k_q4k_8;
+    if (base == GT_Q6_K) return x16 ? r16k_q6k_16 : r16k_q6k_8;
     if (x16) switch (base) {
     case GT_Q8_0: return r16k16_GT_Q8_0;
     case GT_Q4_0: return r16k16_GT_Q4_0;
@@ -261,24 +291,31 @@ static int r16_qmatmul(int base, const uint8_t *w, int64_t row_bytes, int64_t N,
                        int x_bf16, int64_t xs, int64_t B, void *y, int y_bf16, int64_t ys, const float *bias,
                        int nt, int x16) {
     int bs, bpb;
-    if (!quant_r16_format(base) || !quant_block_info(base, &bs, &bpb)) return -1;
-    if (K % 32 || N % 16) return -2;
-    const int64_t G = K / 32, tg = 16 * (int64_t)bpb;
+    if (!r16_block(base, &bs, &bpb)) return -1;
+    if (K % bs || N % 16) return -2;
+    const int64_t G = K / 32, tg = 16 * (int64_t)bpb;   /* bytes of a tile-block: a group, or a K format's 8 */
     int8_t *xq = (int8_t *)malloc((size_t)(B * K * (x16 ? 2 : 1) + 64));   /* int16 x where x16 */
     float *dx = (float *)malloc((size_t)(B * G + 1) * sizeof(float));
-    int32_t *sq = (int32_t *)malloc((size_t)(B * G + 1) * sizeof(int32_t));
+    int32_t *sq = (int32_t *)malloc((size_t)(3 * B * G + 1) * sizeof(int32_t)), *sh = sq + B * G;   /* sh: halves */
     if (!xq || !dx || !sq) { free(xq); free(dx); free(sq); return -3; }
     for (int64_t b = 0; b < B; b++)
         for (int64_t g = 0; g < G; g++) {
             float v[32];
             const float *src = x_group(x, x_bf16, xs, b, g, v);
+            int32_t first = 0;
             if (x16) {
-                sq[b * G + g] = quantize_group(src, 32767.0f, (int16_t *)xq + b * K + 32 * g, dx + b * G + g);
-                continue;
+                const int16_t *q = (int16_t *)xq + b * K + 32 * g;
+                sq[b * G + g] = quantize_group(src, 32767.0f, (int16_t *)q, dx + b * G + g);
+                for (int j = 0; j < 16; j++) first += q[j];
+            } else {
+                uint16_t dh;
+                const int8_t *q = xq + b * K + 32 * g;
+                sq[b * G + g] = quantize_x_group(src, (int8_t *)q, &dh);
+                dx[b * G + g] = h2f(dh);
+                for (int j = 0; j < 16; j++) first += q[j];
             }
-            uint16_t dh;
-            sq[b * G + g] = quantize_x_group(src, xq + b * K + 32 * g, &dh);
-            dx[b * G + g] = h2f(dh);
+            sh[2 * (b * G + g)] = first;
+            sh[2 * (b * G + g) + 1] = sq[b * G + g] - first;
         }
     const r16_fn fn = r16_kernel(base, x16);
     const int64_t xrow = x16 ? 2 * K : K;   /* bytes of one quantized x row */
@@ -288,7 +325,7 @@ static int r16_qmatmul(int base, const uint8_t *w, int64_t row_bytes, int64_t N,
     for (int64_t t = 0; t < tiles; t++)
         for (int64_t b = 0; b < B; b++) {
             float o[16];
-            fn(w + t * 16 * row_bytes, G, tg, xq + b * xrow, dx + b * G, sq + b * G, o);
+            fn(w + t * 16 * row_bytes, G, tg, xq + b * xrow, dx + b * G, sq + b * G, sh + 2 * b * G, o);
             for (int r = 0; r < 16; r++) {
                 const int64_t n = t * 16 + r;
                 const float v = o[r] + (bias ? bias[n] : 0.0f);

@@ -1,0 +1,198 @@
+/* r16 layouts of the 256-weight K formats Q4_K and Q6_K (quant_r16.c has the legacy ones, the matmul and the idea).
+ *
+ *   tile-block (16 rows x 256 weights = 8 groups of 32):
+ *     Q4_K (148 bytes a row, 4 more than the plain 144: the 6-bit scales unpacked to bytes)
+ *       d[16] fp16 | dmin[16] fp16 | sc[8][16] u8 | mn[8][16] u8 | 8 x codes (as Q4_0's: 256 bytes)
+ *       weight = d * sc[g] * u - dmin * mn[g]
+ *     Q6_K (210 bytes a row, as plain)
+ *       d[16] fp16 | sc[16][16] int8 (one per 16 weights) | 8 x (codes as Q4_0's low 4 bits: 256 bytes,
+ *       then 8 masks of bit 4 and 8 masks of bit 5, chunk order as Q5_0's: 128 bytes)
+ *       weight = d * sc[s] * (u - 32), s the 16-weight sub-block: the low nibbles of a group's codes are its first
+ *       16 weights, the high nibbles its last 16, so each half keeps its own sum.
+ */
+#define R16K_Q4K_BYTES 148
+#define R16K_Q6K_BYTES 210
+
+/* rows of a plain Q4_K / Q6_K weight (N % 16 == 0, K % 256 == 0) to r16 at dst (N * K / 256 * the r16 bytes) */
+static void r16k_repack(int base, const uint8_t *src, int64_t N, int64_t K, uint8_t *dst, int nt) {
+    const int64_t SB = K / 256, src_row = SB * (base == GT_Q4_K ? 144 : 210);
+    const int64_t tb = 16 * (int64_t)(base == GT_Q4_K ? R16K_Q4K_BYTES : R16K_Q6K_BYTES);
+    const int hdr = base == GT_Q4_K ? 320 : 288, gbytes = base == GT_Q4_K ? 256 : 384;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && N * K >= PAR_MIN)
+    for (int64_t t = 0; t < N / 16; t++)
+        for (int64_t sb = 0; sb < SB; sb++) {
+            uint8_t *p = dst + (t * SB + sb) * tb;
+            memset(p, 0, (size_t)tb);
+            for (int r = 0; r < 16; r++) {
+                const uint8_t *row = src + (t * 16 + r) * src_row, *b = row + sb * (base == GT_Q4_K ? 144 : 210);
+                if (base == GT_Q4_K) {
+                    memcpy(p + 2 * r, b, 2);
+                    memcpy(p + 32 + 2 * r, b + 2, 2);
+                    for (int s = 0; s < 8; s++) {
+                        int sc, mn;
+                        k4_scale_min(b + 4, s, &sc, &mn);
+                        p[64 + 16 * s + r] = (uint8_t)sc;
+                        p[192 + 16 * s + r] = (uint8_t)mn;
+                    }
+                } else {
+                    memcpy(p + 2 * r, b + 208, 2);
+                    for (int s = 0; s < 16; s++) p[32 + 16 * s + r] = b[192 + s];
+                }
+                for (int s = 0; s < 8; s++) {
+                    int8_t q[32];
+                    qscale unused;
+                    uint8_t u[32];
+                    if (base == GT_Q4_K) sdec_q4_k(row, sb * 8 + s, q, &unused);
+                    else sdec_q6_k(row, sb * 8 + s, q, &unused);
+                    for (int j = 0; j < 32; j++) u[j] = (uint8_t)(q[j] + (base == GT_Q6_K ? 32 : 0));
+                    uint8_t *codes = p + hdr + s * gbytes;
+                    for (int c = 0; c < 4; c++)
+                        for (int j = 0; j < 4; j++)
+                            codes[c * 64 + r * 4 + j] = (uint8_t)((u[4 * c + j] & 15) | (u[16 + 4 * c + j] & 15) << 4);
+                    if (base != GT_Q6_K) continue;
+                    uint64_t *masks = (uint64_t *)(codes + 256);   /* [bit 4: 8][bit 5: 8], 8-byte aligned */
+                    for (int c = 0; c < 4; c++)
+                        for (int j = 0; j < 4; j++)
+                            for (int bit = 0; bit < 2; bit++) {
+                                masks[8 * bit + 2 * c] |= (uint64_t)((u[4 * c + j] >> (4 + bit)) & 1) << (4 * r + j);
+                                masks[8 * bit + 2 * c + 1] |=
+                                    (uint64_t)((u[16 + 4 * c + j] >> (4 + bit)) & 1) << (4 * r + j);
+                            }
+                }
+            }
+        }
+}
+
+/* row r of an r16 Q4_K / Q6_K weight as fp32 (or bf16): the plain decoder's q * scale + m, so the same bits */
+static void r16k_dequantize_row(int base, const uint8_t *w, int64_t row_bytes, int64_t r, int64_t K, void *out,
+                                int bf16) {
+    const int64_t SB = K / 256, tb = 16 * (int64_t)(base == GT_Q4_K ? R16K_Q4K_BYTES : R16K_Q6K_BYTES), l = r % 16;
+    const int hdr = base == GT_Q4_K ? 320 : 288, gbytes = base == GT_Q4_K ? 256 : 384;
+    const uint8_t *tile = w + (r / 16) * 16 * row_bytes;
+    for (int64_t sb = 0; sb < SB; sb++) {
+        const uint8_t *p = tile + sb * tb;
+        const float d = h2f(rd16(p + 2 * l));
+        for (int s = 0; s < 8; s++) {
+            const uint8_t *codes = p + hdr + s * gbytes;
+            for (int j = 0; j < 32; j++) {
+                const int c = (j % 16) / 4, k = j % 4;
+                const uint8_t byte = codes[c * 64 + l * 4 + k];
+                int u = j < 16 ? byte & 15 : byte >> 4;
+                float v;
+                if (base == GT_Q4_K) {
+                    const float scale = d * (float)p[64 + 16 * s + l];
+                    const float m = -(h2f(rd16(p + 32 + 2 * l)) * (float)p[192 + 16 * s + l]);
+                    v = (float)u * scale + m;
+                } else {
+                    uint64_t m4, m5;
+                    memcpy(&m4, codes + 256 + 8 * (2 * c + (j >= 16)), 8);
+                    memcpy(&m5, codes + 320 + 8 * (2 * c + (j >= 16)), 8);
+                    u |= (int)((m4 >> (4 * l + k)) & 1) << 4 | (int)((m5 >> (4 * l + k)) & 1) << 5;
+                    v = (float)(u - 32) * (d * (float)(int8_t)p[32 + 16 * (2 * s + (j >= 16)) + l]) + -0.0f;
+                }
+                const int64_t at = 256 * sb + 32 * s + j;
+                if (bf16) ((uint16_t *)out)[at] = f2bf(v);
+                else ((float *)out)[at] = v;
+            }
+        }
+    }
+}
+
+#if defined(QV512) && defined(__AVX512VNNI__)
+/* chunk c of a Q6_K tile-group: the low nibbles' weights plus their bits 4 and 5 */
+INLINE void r16k_codes6(const uint8_t *codes, int c, __m512i *lo, __m512i *hi) {
+    r16_nibbles(GT_Q4_0, codes, c, lo, hi);
+    const uint64_t *m = (const uint64_t *)(codes + 256);
+    const __m512i b4 = _mm512_set1_epi8(16), b5 = _mm512_set1_epi8(32);
+    *lo = _mm512_mask_add_epi8(*lo, _cvtu64_mask64(m[2 * c]), *lo, b4);
+    *hi = _mm512_mask_add_epi8(*hi, _cvtu64_mask64(m[2 * c + 1]), *hi, b4);
+    *lo = _mm512_mask_add_epi8(*lo, _cvtu64_mask64(m[8 + 2 * c]), *lo, b5);
+    *hi = _mm512_mask_add_epi8(*hi, _cvtu64_mask64(m[8 + 2 * c + 1]), *hi, b5);
+}
+INLINE void r16k_codes(const int base, const uint8_t *codes, int c, __m512i *lo, __m512i *hi) {
+    if (base == GT_Q4_K) r16_nibbles(GT_Q4_0, codes, c, lo, hi);
+    else r16k_codes6(codes, c, lo, hi);
+}
+INLINE __m512 bytes16_ps(const uint8_t *p, int sign) {   /* 16 bytes (u8 or int8) as floats */
+    const __m128i v = _mm_loadu_si128((const __m128i *)p);
+    return _mm512_cvtepi32_ps(sign ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v));
+}
+
+/* one tile against one x row, int8 (x8) or int16 x: the 16 rows' sums at out. sq: the x groups' sums; sh: their
+ * halves' (first 16, last 16), which Q6_K's per-16 scales need */
+INLINE void r16k_tile(const int base, const int x16, const uint8_t *p, int64_t G, int64_t tb, const int8_t *xq,
+                      const float *dx, const int32_t *sq, const int32_t *sh, float *out) {
+    const int hdr = base == GT_Q4_K ? 320 : 288, gbytes = base == GT_Q4_K ? 256 : 384;
+    const __m512i pair_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512i pair_hi = _mm512_add_epi32(pair_lo, _mm512_set1_epi32(8));
+    __m512 tot = _mm512_setzero_ps(), tlo = _mm512_setzero_ps(), thi = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        const uint8_t *sbp = p + (g >> 3) * tb, *codes = sbp + hdr + (g & 7) * gbytes;
+        const int s = (int)(g & 7);
+        const __m512 d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sbp)),
+                                       _mm512_set1_ps(dx[g]));
+        /* per row: the scale of the group's first 16 weights (a) and last 16 (b), and the offset term */
+        __m512 sa, sb, off;
+        if (base == GT_Q4_K) {
+            sa = sb = _mm512_mul_ps(d, bytes16_ps(sbp + 64 + 16 * s, 0));
+            const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sbp + 32)));
+            off = _mm512_mul_ps(_mm512_mul_ps(dmin, bytes16_ps(sbp + 192 + 16 * s, 1)),
+                                _mm512_set1_ps(-dx[g] * (float)sq[g]));
+        } else {
+            sa = _mm512_mul_ps(d, bytes16_ps(sbp + 32 + 32 * s, 1));
+            sb = _mm512_mul_ps(d, bytes16_ps(sbp + 48 + 32 * s, 1));
+            off = _mm512_mul_ps(_mm512_add_ps(_mm512_mul_ps(sa, _mm512_set1_ps((float)sh[2 * g])),
+                                              _mm512_mul_ps(sb, _mm512_set1_ps((float)sh[2 * g + 1]))),
+                                _mm512_set1_ps(-32.0f));
+        }
+        if (!x16) {   /* lanes = rows */
+            const int32_t *x4 = (const int32_t *)(xq + 32 * g);
+            __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                __m512i lo, hi;
+                r16k_codes(base, codes, c, &lo, &hi);
+                a = _mm512_dpbusd_epi32(a, lo, _mm512_set1_epi32(x4[c]));
+                b = _mm512_dpbusd_epi32(b, hi, _mm512_set1_epi32(x4[4 + c]));
+            }
+            tot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), sa, _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), sb, tot));
+            tot = _mm512_add_ps(tot, off);
+        } else {      /* lanes = (row, pair of weights): rows 0-7 in lo*, 8-15 in hi* (see r16_tile16) */
+            const int64_t *x8 = (const int64_t *)((const int16_t *)xq + 32 * g);
+            __m512i loa = _mm512_setzero_si512(), hia = _mm512_setzero_si512();
+            __m512i lob = _mm512_setzero_si512(), hib = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                __m512i lo, hi;
+                r16k_codes(base, codes, c, &lo, &hi);
+                const __m512i xa = _mm512_set1_epi64(x8[c]), xb = _mm512_set1_epi64(x8[4 + c]);
+                loa = _mm512_dpwssd_epi32(loa, _mm512_cvtepu8_epi16(_mm512_castsi512_si256(lo)), xa);
+                hia = _mm512_dpwssd_epi32(hia, _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(lo, 1)), xa);
+                lob = _mm512_dpwssd_epi32(lob, _mm512_cvtepu8_epi16(_mm512_castsi512_si256(hi)), xb);
+                hib = _mm512_dpwssd_epi32(hib, _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(hi, 1)), xb);
+            }
+            tlo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(loa), _mm512_permutexvar_ps(pair_lo, sa),
+                                  _mm512_fmadd_ps(_mm512_cvtepi32_ps(lob), _mm512_permutexvar_ps(pair_lo, sb), tlo));
+            thi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hia), _mm512_permutexvar_ps(pair_hi, sa),
+                                  _mm512_fmadd_ps(_mm512_cvtepi32_ps(hib), _mm512_permutexvar_ps(pair_hi, sb), thi));
+            tot = _mm512_add_ps(tot, off);   /* the offsets are per row: kept apart from the lane pairs */
+        }
+    }
+    if (x16) {
+        const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+        const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+        tot = _mm512_add_ps(tot, _mm512_add_ps(_mm512_permutex2var_ps(tlo, even, thi),
+                                               _mm512_permutex2var_ps(tlo, odd, thi)));
+    }
+    _mm512_storeu_ps(out, tot);
+}
+
+static void r16k_q4k_8(const uint8_t *p, int64_t G, int64_t tb, const int8_t *xq, const float *dx, const int32_t *sq,
+                       const int32_t *sh, float *o) { r16k_tile(GT_Q4_K, 0, p, G, tb, xq, dx, sq, sh, o); }
+static void r16k_q4k_16(const uint8_t *p, int64_t G, int64_t tb, const int8_t *xq, const float *dx, const int32_t *sq,
+                        const int32_t *sh, float *o) { r16k_tile(GT_Q4_K, 1, p, G, tb, xq, dx, sq, sh, o); }
+static void r16k_q6k_8(const uint8_t *p, int64_t G, int64_t tb, const int8_t *xq, const float *dx, const int32_t *sq,
+                       const int32_t *sh, float *o) { r16k_tile(GT_Q6_K, 0, p, G, tb, xq, dx, sq, sh, o); }
+static void r16k_q6k_16(const uint8_t *p, int64_t G, int64_t tb, const int8_t *xq, const float *dx, const int32_t *sq,
+                        const int32_t *sh, float *o) { r16k_tile(GT_Q6_K, 1, p, G, tb, xq, dx, sq, sh, o); }
+#endif
