@@ -56,13 +56,15 @@ async def test_quantized_at_load_computes_what_the_dequantized_weights_give(llam
         got = await _logprobs(k, ids)
         assert k.spec.identity != plain_identity   # no prefix block is shared with the unquantized model
         bytes_q = k.runner.weight_bytes
+        layout = linears[0].qweight.qtype   # the format's, or its r16 layout's (Q4_K: 148 bytes a block, not 144)
     # quantization moves the log-probabilities by what its rounding allows (relative to their scale on these
     # chaotic random weights, where they reach -100), not more: Q8_0 by far less than Q4_K
     rel = sum(abs(a - b) for a, b in zip(got, want)) / sum(abs(b) for b in want)
     print(f"{scheme}: mean relative change of the log-probabilities {rel:.4f}")
     assert rel < (0.03 if scheme == "q8_0" else 0.25), rel   # measured 0.013 and 0.130
-    # resident: the fp32 linears' 4 bytes a weight became the format's (34/32 for Q8_0, 144/256 for Q4_K)
-    block, size = quant.block_info(quant.GGML_TYPES[qtype])
+    # resident: the fp32 linears' 4 bytes a weight became the format's (34/32 for Q8_0, 144/256 for Q4_K, 148/256 for
+    # Q4_K's r16 layout)
+    block, size = quant.block_info(layout)
     expected = dense_bytes - 4 * weights + weights * size // block
     assert abs(bytes_q - expected) <= 4096, (bytes_q, expected, dense_bytes)
 
@@ -95,3 +97,17 @@ async def test_an_unknown_scheme_is_refused_with_the_choices(llama256):
             pass
     assert "q8_0" in str(e.value) and "q4_k" in str(e.value)
     assert isinstance(e.value, ConfigError) or isinstance(e.value.__cause__, ConfigError)
+
+
+def test_the_command_line_flag_reaches_the_kernel_config():
+    """`--quantization` of every command that loads a model (core/commands.py): q8_0 and q4_k, nothing else."""
+    import argparse
+    from modelcall.core.commands import add_kernel_options, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_kernel_options(parser)
+    for scheme in ("q8_0", "q4_k"):
+        assert config_from_args(parser.parse_args(["--quantization", scheme])).quantization == scheme
+    assert config_from_args(parser.parse_args([])).quantization is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--quantization", "q3_xs"])

@@ -152,120 +152,151 @@ INLINE void r16_nibbles(const int base, const uint8_t *codes, int c, __m512i *lo
     }
 }
 
-/* one tile (16 rows) against one x row as int8 groups: xq [K], dx / sq [G] (scale, sum of q): 16 sums at out */
-INLINE void r16_tile(const int base, const uint8_t *p, int64_t G, int64_t tg, const int8_t *xq, const float *dx,
-                     const int32_t *sq, float *out) {
+#define R16_NB 4   /* x rows a tile's codes are loaded for at once */
+
+/* one tile (16 rows) against nb x rows (int8 groups: row b's at xq + b * xrow, its scales dx and sums sq at b * G):
+ * the 16 sums of row b at out + 16 b. The tile's codes are loaded once for the nb rows. */
+INLINE void r16_tile(const int base, const int nb, const uint8_t *p, int64_t G, int64_t tg, const int8_t *xq,
+                     int64_t xrow, const float *dx, const int32_t *sq, float *out) {
     const int hdr = r16_has_m(base) ? 64 : 32;
     const int c0 = base == GT_Q8_0 ? 128 : base == GT_Q4_0 ? 8 : base == GT_Q5_0 ? 16 : 0;
-    __m512 tot = _mm512_setzero_ps(), tot2 = _mm512_setzero_ps();
+    __m512 tot[R16_NB], tot2[R16_NB];
+    for (int b = 0; b < nb; b++) tot[b] = tot2[b] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++, p += tg) {
         const uint8_t *codes = p + hdr;
-        const int32_t *x4 = (const int32_t *)(xq + 32 * g);
-        __m512i acc = _mm512_setzero_si512(), acc2 = _mm512_setzero_si512();
+        __m512i acc[R16_NB], acc2[R16_NB];
+        for (int b = 0; b < nb; b++) acc[b] = acc2[b] = _mm512_setzero_si512();
+#define X4(b, i) _mm512_set1_epi32(((const int32_t *)(xq + (b) * xrow + 32 * g))[i])
         if (base == GT_Q8_0) {
 #pragma GCC unroll 4
             for (int c = 0; c < 8; c += 2) {
-                acc = _mm512_dpbusd_epi32(acc, _mm512_loadu_si512(codes + 64 * c), _mm512_set1_epi32(x4[c]));
-                acc2 = _mm512_dpbusd_epi32(acc2, _mm512_loadu_si512(codes + 64 * c + 64),
-                                           _mm512_set1_epi32(x4[c + 1]));
+                const __m512i v0 = _mm512_loadu_si512(codes + 64 * c), v1 = _mm512_loadu_si512(codes + 64 * c + 64);
+                for (int b = 0; b < nb; b++) {
+                    acc[b] = _mm512_dpbusd_epi32(acc[b], v0, X4(b, c));
+                    acc2[b] = _mm512_dpbusd_epi32(acc2[b], v1, X4(b, c + 1));
+                }
             }
         } else {
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
                 __m512i lo, hi;
                 r16_nibbles(base, codes, c, &lo, &hi);
-                acc = _mm512_dpbusd_epi32(acc, lo, _mm512_set1_epi32(x4[c]));
-                acc2 = _mm512_dpbusd_epi32(acc2, hi, _mm512_set1_epi32(x4[4 + c]));
+                for (int b = 0; b < nb; b++) {
+                    acc[b] = _mm512_dpbusd_epi32(acc[b], lo, X4(b, c));
+                    acc2[b] = _mm512_dpbusd_epi32(acc2[b], hi, X4(b, 4 + c));
+                }
             }
         }
-        acc = _mm512_add_epi32(acc, acc2);
+#undef X4
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-        if (c0) acc = _mm512_sub_epi32(acc, _mm512_set1_epi32(c0 * sq[g]));
-        tot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(d, _mm512_set1_ps(dx[g])), tot);
-        if (r16_has_m(base))
-            tot2 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32))),
-                                   _mm512_set1_ps(dx[g] * (float)sq[g]), tot2);
+        for (int b = 0; b < nb; b++) {
+            __m512i a = _mm512_add_epi32(acc[b], acc2[b]);
+            if (c0) a = _mm512_sub_epi32(a, _mm512_set1_epi32(c0 * sq[b * G + g]));
+            tot[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(d, _mm512_set1_ps(dx[b * G + g])), tot[b]);
+            if (r16_has_m(base))
+                tot2[b] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32))),
+                                          _mm512_set1_ps(dx[b * G + g] * (float)sq[b * G + g]), tot2[b]);
+        }
     }
-    _mm512_storeu_ps(out, _mm512_add_ps(tot, tot2));
+    for (int b = 0; b < nb; b++) _mm512_storeu_ps(out + 16 * b, _mm512_add_ps(tot[b], tot2[b]));
 }
 
-/* As r16_tile with x as int16 per 32 values (x16 [K], scale amax / 32767: an error of |x| / 65534, 256x below
- * int8's, so results stay within ~1e-5 of the fp32 path's). Codes are widened to 16 bits and summed in pairs by
- * vpdpwssd: rows 0-7 in `lo`, 8-15 in `hi`, each row's two lanes (weights 4c, 4c+1 and 4c+2, 4c+3) added at the end. */
-INLINE void r16_tile16(const int base, const uint8_t *p, int64_t G, int64_t tg, const int16_t *x16, const float *dx,
-                       const int32_t *sq, float *out) {
+/* lanes (2r, 2r + 1) of lo (rows 0-7) and hi (rows 8-15) summed into the 16 rows' lanes */
+INLINE __m512 r16_pairs(__m512 lo, __m512 hi) {
+    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    return _mm512_add_ps(_mm512_permutex2var_ps(lo, even, hi), _mm512_permutex2var_ps(lo, odd, hi));
+}
+#define R16_PAIR_LO _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0)
+#define R16_PAIR_HI _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8)
+
+/* As r16_tile with x as int16 per 32 values (scale amax / 32767: an error of |x| / 65534, 256x below int8's, so
+ * results stay within ~3e-5 of the fp32 path's). Codes are widened to 16 bits (once for the nb rows) and summed in
+ * pairs by vpdpwssd: rows 0-7 in `lo`, 8-15 in `hi`, each row's two lanes (weights 4c, 4c+1 and 4c+2, 4c+3) added
+ * at the end (r16_pairs). */
+INLINE void r16_tile16(const int base, const int nb, const uint8_t *p, int64_t G, int64_t tg, const int8_t *xq,
+                       int64_t xrow, const float *dx, const int32_t *sq, float *out) {
     const int hdr = r16_has_m(base) ? 64 : 32;
     const int c0 = base == GT_Q8_0 ? 128 : base == GT_Q4_0 ? 8 : base == GT_Q5_0 ? 16 : 0;
-    const __m512i pair_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-    const __m512i pair_hi = _mm512_add_epi32(pair_lo, _mm512_set1_epi32(8));
-    __m512 tlo = _mm512_setzero_ps(), thi = _mm512_setzero_ps(), mlo = _mm512_setzero_ps(), mhi = _mm512_setzero_ps();
+    __m512 tlo[R16_NB], thi[R16_NB];
+    for (int b = 0; b < nb; b++) tlo[b] = thi[b] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++, p += tg) {
         const uint8_t *codes = p + hdr;
-        const int64_t *x8 = (const int64_t *)(x16 + 32 * g);   /* 4 int16 x values a 64-bit word */
-        __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+        __m512i lo[R16_NB], hi[R16_NB];
+        for (int b = 0; b < nb; b++) lo[b] = hi[b] = _mm512_setzero_si512();
+#define X8(b, i) _mm512_set1_epi64(((const int64_t *)((const int16_t *)(xq + (b) * xrow) + 32 * g))[i])
+#define DOT(v, i)                                                                                          \
+        do {                                                                                               \
+            const __m512i w0 = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(v));                           \
+            const __m512i w1 = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(v, 1));                      \
+            for (int b = 0; b < nb; b++) {                                                                 \
+                const __m512i xv = X8(b, i);                                                               \
+                lo[b] = _mm512_dpwssd_epi32(lo[b], w0, xv);                                                \
+                hi[b] = _mm512_dpwssd_epi32(hi[b], w1, xv);                                                \
+            }                                                                                              \
+        } while (0)
         if (base == GT_Q8_0) {
 #pragma GCC unroll 8
-            for (int c = 0; c < 8; c++) {
-                const __m512i v = _mm512_loadu_si512(codes + 64 * c), xv = _mm512_set1_epi64(x8[c]);
-                lo = _mm512_dpwssd_epi32(lo, _mm512_cvtepu8_epi16(_mm512_castsi512_si256(v)), xv);
-                hi = _mm512_dpwssd_epi32(hi, _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(v, 1)), xv);
-            }
+            for (int c = 0; c < 8; c++) DOT(_mm512_loadu_si512(codes + 64 * c), c);
         } else {
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
-                __m512i a, b;
-                r16_nibbles(base, codes, c, &a, &b);
-                const __m512i xa = _mm512_set1_epi64(x8[c]), xb = _mm512_set1_epi64(x8[4 + c]);
-                lo = _mm512_dpwssd_epi32(lo, _mm512_cvtepu8_epi16(_mm512_castsi512_si256(a)), xa);
-                hi = _mm512_dpwssd_epi32(hi, _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(a, 1)), xa);
-                lo = _mm512_dpwssd_epi32(lo, _mm512_cvtepu8_epi16(_mm512_castsi512_si256(b)), xb);
-                hi = _mm512_dpwssd_epi32(hi, _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(b, 1)), xb);
+                __m512i a, bb;
+                r16_nibbles(base, codes, c, &a, &bb);
+                DOT(a, c);
+                DOT(bb, 4 + c);
             }
         }
-        if (c0) {   /* the row's offset c * sum(x), taken from its even lane only (the two lanes are summed last) */
-            const __m512i corr = _mm512_set1_epi32(c0 * sq[g]);
-            lo = _mm512_mask_sub_epi32(lo, 0x5555, lo, corr);
-            hi = _mm512_mask_sub_epi32(hi, 0x5555, hi, corr);
+#undef DOT
+#undef X8
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        const __m512 dlo = _mm512_permutexvar_ps(R16_PAIR_LO, d), dhi = _mm512_permutexvar_ps(R16_PAIR_HI, d);
+        __m512 mlo = _mm512_setzero_ps(), mhi = _mm512_setzero_ps();
+        if (r16_has_m(base)) {
+            const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
+            mlo = _mm512_maskz_permutexvar_ps(0x5555, R16_PAIR_LO, m);   /* m on the even lanes only */
+            mhi = _mm512_maskz_permutexvar_ps(0x5555, R16_PAIR_HI, m);
         }
-        const __m512 d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)), _mm512_set1_ps(dx[g]));
-        tlo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_permutexvar_ps(pair_lo, d), tlo);
-        thi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_permutexvar_ps(pair_hi, d), thi);
-        if (r16_has_m(base)) {   /* m * dx * sum(x), on the even lanes */
-            const __m512 m = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32))),
-                                           _mm512_set1_ps(dx[g] * (float)sq[g]));
-            mlo = _mm512_mask_add_ps(mlo, 0x5555, mlo, _mm512_permutexvar_ps(pair_lo, m));
-            mhi = _mm512_mask_add_ps(mhi, 0x5555, mhi, _mm512_permutexvar_ps(pair_hi, m));
+        for (int b = 0; b < nb; b++) {
+            const float xd = dx[b * G + g];
+            if (c0) {   /* the row's offset c * sum(x), taken from its even lane only */
+                const __m512i corr = _mm512_set1_epi32(c0 * sq[b * G + g]);
+                lo[b] = _mm512_mask_sub_epi32(lo[b], 0x5555, lo[b], corr);
+                hi[b] = _mm512_mask_sub_epi32(hi[b], 0x5555, hi[b], corr);
+            }
+            const __m512 xs = _mm512_set1_ps(xd);
+            tlo[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo[b]), _mm512_mul_ps(dlo, xs), tlo[b]);
+            thi[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi[b]), _mm512_mul_ps(dhi, xs), thi[b]);
+            if (r16_has_m(base)) {   /* m * dx * sum(x) */
+                const __m512 ms = _mm512_set1_ps(xd * (float)sq[b * G + g]);
+                tlo[b] = _mm512_fmadd_ps(mlo, ms, tlo[b]);
+                thi[b] = _mm512_fmadd_ps(mhi, ms, thi[b]);
+            }
         }
     }
-    tlo = _mm512_add_ps(tlo, mlo);
-    thi = _mm512_add_ps(thi, mhi);
-    /* lanes (2r, 2r + 1) -> row r: even lanes plus odd lanes, rows 0-7 from tlo and 8-15 from thi */
-    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_permutex2var_ps(tlo, even, thi), _mm512_permutex2var_ps(tlo, odd, thi)));
+    for (int b = 0; b < nb; b++) _mm512_storeu_ps(out + 16 * b, r16_pairs(tlo[b], thi[b]));
 }
 
-typedef void (*r16_fn)(const uint8_t *, int64_t, int64_t, const int8_t *, const float *, const int32_t *,
-                       const int32_t *, float *);
+/* a tile against nb <= R16_NB x rows (see r16_tile); sh: the x groups' half sums (the K formats') */
+typedef void (*r16_fn)(const uint8_t *, int64_t, int64_t, int, const int8_t *, int64_t, const float *,
+                       const int32_t *, const int32_t *, float *);
+#define R16_ARGS const uint8_t *p, int64_t G, int64_t tg, int nb, const int8_t *xq, int64_t xrow, const float *dx, \
+                 const int32_t *sq, const int32_t *sh, float *o
+/* nb made a constant in each case, so the per-row loops unroll and their accumulators stay in registers */
+#define R16_ROWS(tile, ...) \
+    switch (nb) { \
+    case 1: tile(__VA_ARGS__, 1, p, G, tg, xq, xrow, dx, sq, o); break; \
+    case 2: tile(__VA_ARGS__, 2, p, G, tg, xq, xrow, dx, sq, o); break; \
+    case 3: tile(__VA_ARGS__, 3, p, G, tg, xq, xrow, dx, sq, o); break; \
+    default: tile(__VA_ARGS__, 4, p, G, tg, xq, xrow, dx, sq, o); }
 #define R16K(qt) \
-    static void r16k_##qt(const uint8_t *p, int64_t G, int64_t tg, const int8_t *xq, const float *dx, \
-                          const int32_t *sq, const int32_t *sh, float *o) { \
-        (void)sh; r16_tile(qt, p, G, tg, xq, dx, sq, o); }
-#define R16K16(qt) \
-    static void r16k16_##qt(const uint8_t *p, int64_t G, int64_t tg, const int8_t *xq, const float *dx, \
-                            const int32_t *sq, const int32_t *sh, float *o) { \
-        (void)sh; r16_tile16(qt, p, G, tg, (const int16_t *)xq, dx, sq, o); }
+    static void r16k_##qt(R16_ARGS) { (void)sh; R16_ROWS(r16_tile, qt) } \
+    static void r16k16_##qt(R16_ARGS) { (void)sh; R16_ROWS(r16_tile16, qt) }
 R16K(GT_Q8_0) R16K(GT_Q4_0) R16K(GT_Q4_1) R16K(GT_Q5_0) R16K(GT_Q5_1)
-R16K16(GT_Q8_0) R16K16(GT_Q4_0) R16K16(GT_Q4_1) R16K16(GT_Q5_0) R16K16(GT_Q5_1)
-
-static void r16k_q4k_8(const uint8_t *, int64_t, int64_t, const int8_t *, const float *, const int32_t *,
-                       const int32_t *, float *);
-static void r16k_q4k_16(const uint8_t *, int64_t, int64_t, const int8_t *, const float *, const int32_t *,
-                        const int32_t *, float *);
-static void r16k_q6k_8(const uint8_t *, int64_t, int64_t, const int8_t *, const float *, const int32_t *,
-                       const int32_t *, float *);
-static void r16k_q6k_16(const uint8_t *, int64_t, int64_t, const int8_t *, const float *, const int32_t *,
-                        const int32_t *, float *);
+static void r16k_q4k_8(R16_ARGS);
+static void r16k_q4k_16(R16_ARGS);
+static void r16k_q6k_8(R16_ARGS);
+static void r16k_q6k_16(R16_ARGS);
 
 static r16_fn r16_kernel(int base, int x16) {
     if (base == GT_Q4_K) return x16 ? r16k_q4k_16 : r16k_q4k_8;
@@ -323,15 +354,17 @@ static int r16_qmatmul(int base, const uint8_t *w, int64_t row_bytes, int64_t N,
     const int par = nt > 1 && tiles >= 2 && N * K >= PAR_MIN;
 #pragma omp parallel for num_threads(nt) schedule(static) if (par)
     for (int64_t t = 0; t < tiles; t++)
-        for (int64_t b = 0; b < B; b++) {
-            float o[16];
-            fn(w + t * 16 * row_bytes, G, tg, xq + b * xrow, dx + b * G, sq + b * G, sh + 2 * b * G, o);
-            for (int r = 0; r < 16; r++) {
-                const int64_t n = t * 16 + r;
-                const float v = o[r] + (bias ? bias[n] : 0.0f);
-                if (y_bf16) ((uint16_t *)y)[b * ys + n] = f2bf(v);
-                else ((float *)y)[b * ys + n] = v;
-            }
+        for (int64_t b0 = 0; b0 < B; b0 += R16_NB) {
+            const int nb = B - b0 < R16_NB ? (int)(B - b0) : R16_NB;
+            float o[16 * R16_NB];
+            fn(w + t * 16 * row_bytes, G, tg, nb, xq + b0 * xrow, xrow, dx + b0 * G, sq + b0 * G, sh + 2 * b0 * G, o);
+            for (int b = 0; b < nb; b++)
+                for (int r = 0; r < 16; r++) {
+                    const int64_t n = t * 16 + r;
+                    const float v = o[16 * b + r] + (bias ? bias[n] : 0.0f);
+                    if (y_bf16) ((uint16_t *)y)[(b0 + b) * ys + n] = f2bf(v);
+                    else ((float *)y)[(b0 + b) * ys + n] = v;
+                }
         }
     free(xq);
     free(dx);

@@ -118,81 +118,91 @@ INLINE __m512 bytes16_ps(const uint8_t *p, int sign) {   /* 16 bytes (u8 or int8
     return _mm512_cvtepi32_ps(sign ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v));
 }
 
-/* one tile against one x row, int8 (x8) or int16 x: the 16 rows' sums at out. sq: the x groups' sums; sh: their
- * halves' (first 16, last 16), which Q6_K's per-16 scales need */
-INLINE void r16k_tile(const int base, const int x16, const uint8_t *p, int64_t G, int64_t tb, const int8_t *xq,
-                      const float *dx, const int32_t *sq, const int32_t *sh, float *out) {
-    const int hdr = base == GT_Q4_K ? 320 : 288, gbytes = base == GT_Q4_K ? 256 : 384;
-    const __m512i pair_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-    const __m512i pair_hi = _mm512_add_epi32(pair_lo, _mm512_set1_epi32(8));
-    __m512 tot = _mm512_setzero_ps(), tlo = _mm512_setzero_ps(), thi = _mm512_setzero_ps();
+/* one tile against nb x rows (as r16_tile), int8 or int16 (x16) x. sh: the x groups' half sums (first 16, last
+ * 16), which Q6_K's per-16 scales need. Q4_K's two halves share a scale, so they share accumulators. */
+INLINE void r16k_tile(const int base, const int x16, const int32_t *sh, const int nb, const uint8_t *p, int64_t G,
+                      int64_t tb, const int8_t *xq, int64_t xrow, const float *dx, const int32_t *sq, float *out) {
+    const int hdr = base == GT_Q4_K ? 320 : 288, gbytes = base == GT_Q4_K ? 256 : 384, q6 = base == GT_Q6_K;
+    __m512 tot[R16_NB], tlo[R16_NB], thi[R16_NB];
+    for (int b = 0; b < nb; b++) tot[b] = tlo[b] = thi[b] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
         const uint8_t *sbp = p + (g >> 3) * tb, *codes = sbp + hdr + (g & 7) * gbytes;
         const int s = (int)(g & 7);
-        const __m512 d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sbp)),
-                                       _mm512_set1_ps(dx[g]));
-        /* per row: the scale of the group's first 16 weights (a) and last 16 (b), and the offset term */
-        __m512 sa, sb, off;
-        if (base == GT_Q4_K) {
-            sa = sb = _mm512_mul_ps(d, bytes16_ps(sbp + 64 + 16 * s, 0));
-            const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sbp + 32)));
-            off = _mm512_mul_ps(_mm512_mul_ps(dmin, bytes16_ps(sbp + 192 + 16 * s, 1)),
-                                _mm512_set1_ps(-dx[g] * (float)sq[g]));
-        } else {
-            sa = _mm512_mul_ps(d, bytes16_ps(sbp + 32 + 32 * s, 1));
-            sb = _mm512_mul_ps(d, bytes16_ps(sbp + 48 + 32 * s, 1));
-            off = _mm512_mul_ps(_mm512_add_ps(_mm512_mul_ps(sa, _mm512_set1_ps((float)sh[2 * g])),
-                                              _mm512_mul_ps(sb, _mm512_set1_ps((float)sh[2 * g + 1]))),
-                                _mm512_set1_ps(-32.0f));
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sbp));
+        /* per row: the scale of the group's first 16 weights (sa) and last 16 (sb), before x's */
+        const __m512 sa = _mm512_mul_ps(d, q6 ? bytes16_ps(sbp + 32 + 32 * s, 1) : bytes16_ps(sbp + 64 + 16 * s, 0));
+        const __m512 sb = q6 ? _mm512_mul_ps(d, bytes16_ps(sbp + 48 + 32 * s, 1)) : sa;
+        const __m512 dmn = q6 ? sa : _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sbp + 32))),
+                                                   bytes16_ps(sbp + 192 + 16 * s, 1));   /* Q4_K: dmin * mn */
+        for (int b = 0; b < nb; b++) {   /* the offsets: Q4_K - dmin mn dx sum(x); Q6_K - 32 dx (sa sum_a + sb sum_b) */
+            const float xd = dx[b * G + g];
+            const int32_t *h = sh + 2 * (b * G + g);
+            tot[b] = q6 ? _mm512_fmadd_ps(sa, _mm512_set1_ps(-32.0f * xd * (float)h[0]),
+                                          _mm512_fmadd_ps(sb, _mm512_set1_ps(-32.0f * xd * (float)h[1]), tot[b]))
+                        : _mm512_fmadd_ps(dmn, _mm512_set1_ps(-xd * (float)sq[b * G + g]), tot[b]);
         }
         if (!x16) {   /* lanes = rows */
-            const int32_t *x4 = (const int32_t *)(xq + 32 * g);
-            __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
+            __m512i a[R16_NB], bb[R16_NB];
+            for (int b = 0; b < nb; b++) a[b] = bb[b] = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
                 __m512i lo, hi;
                 r16k_codes(base, codes, c, &lo, &hi);
-                a = _mm512_dpbusd_epi32(a, lo, _mm512_set1_epi32(x4[c]));
-                b = _mm512_dpbusd_epi32(b, hi, _mm512_set1_epi32(x4[4 + c]));
+                for (int b = 0; b < nb; b++) {
+                    const int32_t *x4 = (const int32_t *)(xq + b * xrow + 32 * g);
+                    a[b] = _mm512_dpbusd_epi32(a[b], lo, _mm512_set1_epi32(x4[c]));
+                    bb[b] = _mm512_dpbusd_epi32(bb[b], hi, _mm512_set1_epi32(x4[4 + c]));
+                }
             }
-            tot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), sa, _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), sb, tot));
-            tot = _mm512_add_ps(tot, off);
+            for (int b = 0; b < nb; b++) {
+                const __m512 xs = _mm512_set1_ps(dx[b * G + g]);
+                tot[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[b]), _mm512_mul_ps(sa, xs),
+                                         _mm512_fmadd_ps(_mm512_cvtepi32_ps(bb[b]), _mm512_mul_ps(sb, xs), tot[b]));
+            }
         } else {      /* lanes = (row, pair of weights): rows 0-7 in lo*, 8-15 in hi* (see r16_tile16) */
-            const int64_t *x8 = (const int64_t *)((const int16_t *)xq + 32 * g);
-            __m512i loa = _mm512_setzero_si512(), hia = _mm512_setzero_si512();
-            __m512i lob = _mm512_setzero_si512(), hib = _mm512_setzero_si512();
+            __m512i loa[R16_NB], hia[R16_NB], lob[R16_NB], hib[R16_NB];
+            for (int b = 0; b < nb; b++) loa[b] = hia[b] = lob[b] = hib[b] = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
                 __m512i lo, hi;
                 r16k_codes(base, codes, c, &lo, &hi);
-                const __m512i xa = _mm512_set1_epi64(x8[c]), xb = _mm512_set1_epi64(x8[4 + c]);
-                loa = _mm512_dpwssd_epi32(loa, _mm512_cvtepu8_epi16(_mm512_castsi512_si256(lo)), xa);
-                hia = _mm512_dpwssd_epi32(hia, _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(lo, 1)), xa);
-                lob = _mm512_dpwssd_epi32(lob, _mm512_cvtepu8_epi16(_mm512_castsi512_si256(hi)), xb);
-                hib = _mm512_dpwssd_epi32(hib, _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(hi, 1)), xb);
+                const __m512i l0 = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(lo));
+                const __m512i l1 = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(lo, 1));
+                const __m512i h0 = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(hi));
+                const __m512i h1 = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(hi, 1));
+                for (int b = 0; b < nb; b++) {
+                    const int64_t *x8 = (const int64_t *)((const int16_t *)(xq + b * xrow) + 32 * g);
+                    const __m512i xa = _mm512_set1_epi64(x8[c]), xb = _mm512_set1_epi64(x8[4 + c]);
+                    loa[b] = _mm512_dpwssd_epi32(loa[b], l0, xa);
+                    hia[b] = _mm512_dpwssd_epi32(hia[b], l1, xa);
+                    if (q6) {
+                        lob[b] = _mm512_dpwssd_epi32(lob[b], h0, xb);
+                        hib[b] = _mm512_dpwssd_epi32(hib[b], h1, xb);
+                    } else {   /* one scale for both halves */
+                        loa[b] = _mm512_dpwssd_epi32(loa[b], h0, xb);
+                        hia[b] = _mm512_dpwssd_epi32(hia[b], h1, xb);
+                    }
+                }
             }
-            tlo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(loa), _mm512_permutexvar_ps(pair_lo, sa),
-                                  _mm512_fmadd_ps(_mm512_cvtepi32_ps(lob), _mm512_permutexvar_ps(pair_lo, sb), tlo));
-            thi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hia), _mm512_permutexvar_ps(pair_hi, sa),
-                                  _mm512_fmadd_ps(_mm512_cvtepi32_ps(hib), _mm512_permutexvar_ps(pair_hi, sb), thi));
-            tot = _mm512_add_ps(tot, off);   /* the offsets are per row: kept apart from the lane pairs */
+            const __m512 salo = _mm512_permutexvar_ps(R16_PAIR_LO, sa), sahi = _mm512_permutexvar_ps(R16_PAIR_HI, sa);
+            const __m512 sblo = _mm512_permutexvar_ps(R16_PAIR_LO, sb), sbhi = _mm512_permutexvar_ps(R16_PAIR_HI, sb);
+            for (int b = 0; b < nb; b++) {
+                const __m512 xs = _mm512_set1_ps(dx[b * G + g]);
+                tlo[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(loa[b]), _mm512_mul_ps(salo, xs), tlo[b]);
+                thi[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hia[b]), _mm512_mul_ps(sahi, xs), thi[b]);
+                if (q6) {
+                    tlo[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lob[b]), _mm512_mul_ps(sblo, xs), tlo[b]);
+                    thi[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hib[b]), _mm512_mul_ps(sbhi, xs), thi[b]);
+                }
+            }
         }
     }
-    if (x16) {
-        const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-        const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-        tot = _mm512_add_ps(tot, _mm512_add_ps(_mm512_permutex2var_ps(tlo, even, thi),
-                                               _mm512_permutex2var_ps(tlo, odd, thi)));
-    }
-    _mm512_storeu_ps(out, tot);
+    for (int b = 0; b < nb; b++)
+        _mm512_storeu_ps(out + 16 * b, x16 ? _mm512_add_ps(tot[b], r16_pairs(tlo[b], thi[b])) : tot[b]);
 }
 
-static void r16k_q4k_8(const uint8_t *p, int64_t G, int64_t tb, const int8_t *xq, const float *dx, const int32_t *sq,
-                       const int32_t *sh, float *o) { r16k_tile(GT_Q4_K, 0, p, G, tb, xq, dx, sq, sh, o); }
-static void r16k_q4k_16(const uint8_t *p, int64_t G, int64_t tb, const int8_t *xq, const float *dx, const int32_t *sq,
-                        const int32_t *sh, float *o) { r16k_tile(GT_Q4_K, 1, p, G, tb, xq, dx, sq, sh, o); }
-static void r16k_q6k_8(const uint8_t *p, int64_t G, int64_t tb, const int8_t *xq, const float *dx, const int32_t *sq,
-                       const int32_t *sh, float *o) { r16k_tile(GT_Q6_K, 0, p, G, tb, xq, dx, sq, sh, o); }
-static void r16k_q6k_16(const uint8_t *p, int64_t G, int64_t tb, const int8_t *xq, const float *dx, const int32_t *sq,
-                        const int32_t *sh, float *o) { r16k_tile(GT_Q6_K, 1, p, G, tb, xq, dx, sq, sh, o); }
+static void r16k_q4k_8(R16_ARGS) { R16_ROWS(r16k_tile, GT_Q4_K, 0, sh) }
+static void r16k_q4k_16(R16_ARGS) { R16_ROWS(r16k_tile, GT_Q4_K, 1, sh) }
+static void r16k_q6k_8(R16_ARGS) { R16_ROWS(r16k_tile, GT_Q6_K, 0, sh) }
+static void r16k_q6k_16(R16_ARGS) { R16_ROWS(r16k_tile, GT_Q6_K, 1, sh) }
 #endif
