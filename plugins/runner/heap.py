@@ -51,3 +51,16 @@ def keep_freed_memory() -> bool:
     _done = True
     log.info("malloc keeps freed blocks up to %d MB for reuse (runner keep_freed_memory)", MMAP_THRESHOLD >> 20)
     return True
+
+
+def release_free_memory() -> bool:
+    """Hand the pages of every free block in every malloc arena back to the kernel now (glibc's malloc_trim(0)): after
+    load-time work that freed many blocks (quant_repack.py replaces each quantized weight by a new tensor), which the
+    raised thresholds above would otherwise keep resident. True where it ran."""
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    trim(0)
+    return True

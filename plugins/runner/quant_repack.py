@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from modelcall.plugins.runner import quant
+from modelcall.plugins.runner import heap, quant
 
 log = logging.getLogger("modelcall.runner")
 
@@ -46,6 +46,8 @@ def repack_model(model: torch.nn.Module, int8: bool = False) -> int:
         if done[id(qw)] is not None:
             mod.qweight = done[id(qw)]
     if moved:
+        done.clear()
+        heap.release_free_memory()   # the replaced weights' blocks, kept by heap.keep_freed_memory's thresholds
         log.info("%d quantized weights in their r16 layout for decode (%s activations)", moved,
                  "int8" if int8 else "int16")
     return moved
