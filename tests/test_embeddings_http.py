@@ -102,6 +102,18 @@ def test_an_input_over_the_limit_is_a_400_naming_its_index(server):
     assert server.stats()["unfinished"] == 0   # input[0], admitted before input[1] was refused, was closed
 
 
+def test_more_inputs_than_one_call_may_start_are_refused_before_any_is_admitted(server):
+    """Each input is a sequence of the call: past max_sequences_per_call (64 by default) the whole call is a 400
+    naming the setting and the input list, given before any input is admitted (not at input[64])."""
+    r = httpx.post(server.base_url + "/v1/embeddings", json={"input": ["a few words"] * 65}, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "input" and "65 items" in err["message"] and "max_sequences_per_call" in err["message"]
+    assert server.stats()["unfinished"] == 0
+    assert httpx.post(server.base_url + "/v1/embeddings", json={"input": ["a few words"] * 64},
+                      timeout=60).status_code == 200
+
+
 def test_models_show_the_task_and_generation_is_refused(server, client):
     models = httpx.get(server.base_url + "/v1/models", timeout=10).json()["data"]
     assert [(m["id"], m["task"]) for m in models] == [("minilm", "embed")]

@@ -86,6 +86,10 @@ def test_scorer_refusals(server):
     assert r.status_code == 400 and "not embeddings" in r.json()["error"]["message"]
     models = httpx.get(url + "/v1/models", timeout=10).json()["data"]
     assert models[0]["task"] == "score"
+    # each pair is a sequence of the call: past max_sequences_per_call (64) a 400 before any is admitted
+    r = httpx.post(url + "/v1/rerank", json={"query": "q", "documents": ["d"] * 65}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "documents"
+    assert "max_sequences_per_call" in r.json()["error"]["message"]
 
 
 def test_the_cohere_sdk_reranks_against_the_server(server, reference):

@@ -95,6 +95,7 @@ async def handle(request: web.Request, ctx: ServingContext, body: EmbeddingReque
     if "embed" not in ctx.kernel.task.split(","):
         raise ApiError(400, f"model {model!r} serves {ctx.kernel.task!r}, not embeddings", param="model")
     prompts = inputs_of(body)
+    check_call_size(ctx, len(prompts), "input")
     pooling = PoolingParams(normalize=body.normalize, dimensions=body.dimensions)
     handles: list[RequestHandle] = []
     try:
@@ -112,6 +113,16 @@ async def handle(request: web.Request, ctx: ServingContext, body: EmbeddingReque
         close_all(handles)
     out = EmbeddingList(data=data, model=model, usage=EmbeddingUsage(prompt_tokens=used, total_tokens=used))
     return web.Response(body=encoder.encode(out), content_type="application/json")
+
+
+def check_call_size(ctx: ServingContext, n: int, field: str) -> None:
+    """Each input is one sequence of the call: more than max_sequences_per_call (64 unless configured) is refused
+    before any is admitted, naming the setting, rather than at the first input over it."""
+    cap = ctx.kernel.config.max_sequences_per_call
+    if n > cap:
+        raise ApiError(400, f"{field} has {n} items; this server takes at most {cap} per call "
+                       "(max_sequences_per_call: modelcall serve --max-sequences-per-call N); send fewer per call",
+                       param=field)
 
 
 async def _submit(ctx: ServingContext, i: int, request: GenerateRequest) -> RequestHandle:

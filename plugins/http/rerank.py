@@ -17,6 +17,7 @@ from aiohttp import web
 from msgspec import Meta, Struct
 
 from modelcall.core import ContextOverflow, GenerateRequest, PoolingParams, RequestHandle
+from modelcall.plugins.http.embeddings import check_call_size
 from modelcall.plugins.http.errors import ApiError
 from modelcall.plugins.http.service import ServingContext, as_api_error, close_all, unix_time
 
@@ -137,6 +138,7 @@ async def _score_pairs(ctx: ServingContext, pairs: list[tuple[str, str]], field:
     """Each pair scored by one pooling request; the scores in order and the prompt tokens they took."""
     if len(pairs) > MAX_PAIRS:
         raise ApiError(400, f"{len(pairs)} pairs; at most {MAX_PAIRS} per request", param=field)
+    check_call_size(ctx, len(pairs), field)
     encode_pair = getattr(ctx.kernel.tokenizer, "encode_pair", None)
     if encode_pair is None:
         raise ApiError(400, "this model's tokenizer cannot encode text pairs", param="model")
