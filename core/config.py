@@ -59,7 +59,8 @@ class KernelConfig(msgspec.Struct, kw_only=True):
     speculative_config: dict | None = None
     # vLLM's --async-scheduling: step N's output stage runs while step N+1's forward computes
     # (core/engine.py, a mode of Engine._step); stops and aborts land one step late, the extra token dropped.
-    # Off by default: not yet shown a gain on 2 shared cores (benchmarks/overlap_w1.py, w2_serve_vs_vllm.sh).
+    # Off by default: not yet shown a gain on 2 shared cores (W1 on and off, 2026-12-01: docs/benchmarks.md;
+    # w2_serve_vs_vllm.sh).
     async_scheduling: bool = False
     plugin_config: dict[str, dict] = {}
 

@@ -12,7 +12,7 @@ here it is gathered once and every row's query heads of one KV head meet it as o
     out = (o_shared e^(lse_shared - m) + o_own e^(lse_own - m)) / (e^(lse_shared - m) + e^(lse_own - m))
 
 W2's shape (32 rows x 1,024 shared keys, 8 heads of 64, bf16, one thread): the shared part costs 0.95 ms of CPU
-per layer as block_attention, 1.6 ms through torch's flash attention, 2.2 ms row by row (benchmarks/cascade_attention.py).
+per layer as block_attention, 1.6 ms through torch's flash attention, 2.2 ms row by row (2026-12-01; docs/benchmarks.md).
 
 Exact (to rounding): softmax over the union of two disjoint key sets is the log-sum-exp-weighted mix of the two
 softmaxes. Only for plain attention (no window, soft-cap or sinks: the caller falls back for those).
@@ -21,7 +21,7 @@ When it pays (the decision per step; vLLM decides per batch with a GPU occupancy
 prefix for the whole batch; here several groups may each share their own): a group's rows x G query heads fill
 at least MIN_LANES of block_attention's 32 vector lanes and share at least MIN_SHARED tokens. block_attention's cost
 per KV head hardly depends on how many of the 32 lanes are used, the row-by-row kernel's grows with the rows, so few
-rows lose. Measured (benchmarks/cascade_attention.py, 8 heads of 64 (G = 1), bf16, one thread; row-by-row CPU /
+rows lose. Measured (2026-12-01, 8 heads of 64 (G = 1), bf16, one thread; row-by-row CPU /
 shared-prefix CPU): 32 rows x 1,024 shared 1.41x, x 256 1.05x; 16 x 512 0.85x; 8 x 1,024 0.76x; 4 x 1,024 0.46x;
 GQA G = 4, 8 rows x 2,048: 1.46x.
 """

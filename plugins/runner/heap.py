@@ -6,7 +6,7 @@ free, and trims heap tops above 128 KB. A prefill step's activations are megabyt
 bf16 gate/up columns: 11.5 MB), so each step faulted its working set in again, zeroed by the kernel: W3's
 2,048-token prefill steps on two threads took ~5,000 page faults and ~50 ms of system time each (with
 THP_MEM_ALLOC_ENABLE=1 many are 2 MB huge-page faults). With the two thresholds raised, ~800 faults and
-~9-17 ms (benchmarks/keep_freed_memory.py: W3 through the kernel 1.08-1.12x in alternating pairs). vLLM's
+~9-17 ms (W3 through the kernel 1.08-1.12x in alternating pairs, 2026-12-02: docs/benchmarks.md). vLLM's
 CPU backend gets the same effect by asking for tcmalloc in LD_PRELOAD.
 
 The cost: memory a step freed stays in the process (up to the trim threshold at a heap's top) until a later

@@ -7,7 +7,7 @@ OMP_WAIT_POLICY=PASSIVE and 100 otherwise) and each small GEMM of a decode step 
 of its worker instead. The runner loads the model in one thread (the kernel's assembly thread) and runs
 steps in another (the engine's worker), so without a release there are two teams on two threads' CPUs.
 Measured on the W1 shape, batch 32, two threads, GOMP_SPINCOUNT=30000: the eight layers' GEMMs took 9.3-11.2 ms
-per step in a step thread beside a loading thread's team, 5.9-6.1 ms with one team (benchmarks/omp_teams.py).
+per step in a step thread beside a loading thread's team, 5.9-6.1 ms with one team (2026-12-01; docs/benchmarks.md).
 """
 from __future__ import annotations
 
