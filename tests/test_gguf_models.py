@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -134,6 +135,53 @@ def test_smollm2_answers_a_factual_question_through_the_openai_sdk():
     text = reply.choices[0].message.content
     assert "Paris" in text, text
     assert reply.choices[0].finish_reason == "stop"   # the chat template's <|im_end|> ends the turn
+
+
+# the prompt each file's own chat template makes of one question, ending where the model's turn begins
+TURNS = {"smollm2": "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+         "gemma3-270m": "<bos><start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n"}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_modelcall_serve_takes_the_gguf_file_and_reports_its_weights(name, tmp_path):
+    """`modelcall serve --model FILE.gguf`, the command that once answered "model directory ... does not exist": it
+    serves the file under its own name with its own chat template, and the resident weights are in the load log line
+    and in /metrics, within a tenth of the file."""
+    path = fetch.ensure(name, quiet=True)
+    log = tmp_path / "serve.log"
+    cli = os.path.join(os.path.dirname(sys.executable), "modelcall")
+    with open(log, "w") as err:
+        proc = subprocess.Popen([cli, "serve", "--model", path, "--port", "0", "--threads", "1",
+                                 "--num-kv-blocks", "128", "--max-model-len", "512"], stdout=subprocess.PIPE,
+                                stderr=err, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        url = next((m.group(1) for line in proc.stdout if (m := re.search(r" on (http://\S+)", line))), None)
+        assert url is not None, log.read_text()[-2000:]
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none")
+        model = os.path.basename(path).removesuffix(".gguf")
+        assert [card.id for card in client.models.list().data] == [model]
+        question = [{"role": "user", "content": "What is the capital of France?"}]
+        rendered = requests.post(url + "/tokenize", json={"messages": question}, timeout=30)
+        assert rendered.ok, rendered.text   # a file with no template of its own and none chosen: 400
+        ids = rendered.json()["tokens"]
+        prompt = requests.post(url + "/detokenize", json={"tokens": ids}, timeout=30).json()["prompt"]
+        reply = client.chat.completions.create(model=model, messages=question, max_tokens=24, temperature=0)
+        metrics = requests.get(url + "/metrics", timeout=10).text
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert prompt.endswith(TURNS[name]), prompt
+    assert reply.usage.prompt_tokens == len(ids)
+    if name == "smollm2":   # an instruct model; Gemma 3 270M is a base model (its answer is not checked)
+        assert "Paris" in reply.choices[0].message.content, reply.choices[0].message.content
+    loaded = re.search(r"loaded .*\.gguf .*weights ([0-9.]+) MB, GGUF ([0-9.]+) MB", log.read_text())
+    assert loaded is not None, log.read_text()[-2000:]
+    weights = next(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                   if line.startswith("modelcall:model_weight_bytes{"))
+    size = os.path.getsize(path)
+    print(f"{name}: load line weights {loaded.group(1)} MB, GGUF {loaded.group(2)} MB; /metrics {weights:.0f} B")
+    assert abs(float(loaded.group(1)) - weights / 1e6) <= 0.05 and float(loaded.group(2)) == round(size / 1e6, 1)
+    assert weights <= 1.1 * size
 
 
 async def test_gemma_serves_with_its_turn_format_and_stops_at_the_end_of_a_turn():

@@ -88,3 +88,14 @@ def test_a_type_without_a_kernel_is_refused_in_one_line_naming_it(smollm2):
     with pytest.raises(ConfigError) as e:
         gguf_file.materialize(smollm2, {"Q8_0", "F32"})   # as if this runner had no Q4_1 kernel
     assert "Q4_1" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_gguf_file_flag_reaches_the_kernel_config():
+    """`--gguf-file` of every command that loads a model (core/commands.py), beside the hub id it picks from."""
+    import argparse
+    from modelcall.core.commands import add_kernel_options, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_kernel_options(parser)
+    cfg = config_from_args(parser.parse_args(["--model", "acme/smol-GGUF", "--gguf-file", "b.Q4_1.gguf"]))
+    assert (cfg.model, cfg.gguf_file) == ("acme/smol-GGUF", "b.Q4_1.gguf")
