@@ -18,6 +18,7 @@ import torch
 
 from modelcall.core import Kernel
 from modelcall.plugins.registry_models import fetch
+from modelcall.plugins.runner import quant
 
 from http_server import ServerThread
 
@@ -31,6 +32,9 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, i
            "The three primary colors are", "import numpy as np\n\narr =", "Water boils at",
            "The theory of relativity was developed by", "1, 2, 3, 5, 8, 13,"]
 NEW_TOKENS = 64
+# prefill chunk of the logits test (128 tokens: 8 chunks): none longer than quant.dense_from_tokens(fp32), so every
+# matmul runs on the quantized bytes as decode does (a longer chunk dequantizes the weight for torch's GEMM)
+QUANT_CHUNK = quant.dense_from_tokens(torch.float32)
 
 
 def _long_text() -> str:
@@ -60,7 +64,7 @@ async def test_next_token_logits_over_1024_tokens_agree_with_transformers(real):
         want = torch.log_softmax(ref(torch.tensor([ids]), use_cache=False).logits[0].float(), -1)
     top = 8
     async with Kernel(model=path, dtype="float32", kv_cache_dtype="float32", kv_cache_memory_gb=KV_GB,
-                      max_model_len=2048, max_num_batched_tokens=256) as k:   # 4 chunks of prefill
+                      max_model_len=2048, max_num_batched_tokens=QUANT_CHUNK) as k:
         got = None
         async for ev in k.generate(prompt_token_ids=ids, max_tokens=1, temperature=0, prompt_logprobs=top):
             if type(ev).__name__ == "PromptLogprobs":
@@ -260,7 +264,7 @@ def test_gemma_q4_k_m_resident_memory_within_a_tenth_of_the_file():
     the model reads in (libtorch_cpu.so's code, ~11 MB of VmRSS here): they are code mapped from disk, shared with
     every process using torch, and how many show depends on the machine's page cache and file system; VmRSS's own
     growth is printed beside the figure."""
-    from modelcall.plugins.runner import gguf_file, quant
+    from modelcall.plugins.runner import gguf_file
     path = fetch.ensure("gemma3-270m", quiet=True)
     # described here first, so the child only reads the description: a first description builds the tokenizer,
     # whose freed ~380 MB the weights would then reuse unseen (190 MB measured that way, 263 MB after)
