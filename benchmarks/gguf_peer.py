@@ -278,3 +278,13 @@ if __name__ == "__main__":
     else:
         print(__doc__, file=sys.stderr)
         sys.exit(2)
+
+
+def report(title: str, table: str, summaries: list[dict], out: str | None) -> None:
+    """A workload's ending: its title and markdown table on stdout, its summary JSON lines appended to `out`."""
+    print(f"\n== {title}")
+    print(table)
+    if out:
+        with open(out, "a", encoding="utf-8") as f:
+            for s in summaries:
+                f.write(json.dumps(s) + "\n")

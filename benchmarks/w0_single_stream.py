@@ -209,20 +209,22 @@ def matrix_parser(description: str) -> argparse.ArgumentParser:
     return ap
 
 
-def unknown_cells(args: argparse.Namespace) -> list[str]:
-    return [m for m in args.models if m not in gp.MODELS] + [k for k in args.kinds if k not in gp.KINDS]
+def parse_matrix(ap: argparse.ArgumentParser, argv: list[str], streams: bool = False) -> argparse.Namespace:
+    """`argv` by `ap` (matrix_parser's flags and the workload's own), refused with one line naming what is wrong."""
+    args = ap.parse_args(argv)
+    bad = [m for m in args.models if m not in gp.MODELS] + [k for k in args.kinds if k not in gp.KINDS]
+    if (bad or args.runs < 1 or args.new_tokens < 2 or args.prompt_tokens < 1 or min(args.threads) < 1
+            or (streams and args.streams < 1)):
+        ap.error(f"models from {gp.MODELS}, kinds from {gp.KINDS}, runs, prompt tokens, threads"
+                 f"{', streams' if streams else ''} >= 1, new tokens >= 2" + (f"; unknown: {bad}" if bad else ""))
+    return args
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = matrix_parser(__doc__.split("\n")[0])
     ap.add_argument("--chat", action="store_true", help="W0-chat: through each engine's HTTP server")
     ap.add_argument("--log-dir", default="/tmp/w0-chat-logs", help="the servers' logs (W0-chat)")
-    args = ap.parse_args(argv)
-    bad = unknown_cells(args)
-    if bad or args.runs < 1 or args.new_tokens < 2 or args.prompt_tokens < 1 or min(args.threads) < 1:
-        ap.error(f"models from {gp.MODELS}, kinds from {gp.KINDS}, runs >= 1, new tokens >= 2, threads >= 1"
-                 + (f"; unknown: {bad}" if bad else ""))
-    return args
+    return parse_matrix(ap, argv)
 
 
 def main(argv: list[str]) -> int:
@@ -233,13 +235,9 @@ def main(argv: list[str]) -> int:
     rates = {t: gp.read_rate(t, gp.cpus_for(t)) for t in args.threads}
     print(f"# read rate GB/s by threads: {rates}", file=sys.stderr, flush=True)
     summaries = [cell(m, k, t, args, rates[t]) for m in args.models for k in args.kinds for t in args.threads]
-    print(f"\n== W0{'-chat' if args.chat else ''}: {args.prompt_tokens}-token prompt, {args.new_tokens} new, greedy, "
-          f"median of {args.runs}; ratios modelcall / llama.cpp measured in this run")
-    print(table(summaries))
-    if args.out:
-        with open(args.out, "a", encoding="utf-8") as f:
-            for s in summaries:
-                f.write(json.dumps(s) + "\n")
+    gp.report(f"W0{'-chat' if args.chat else ''}: {args.prompt_tokens}-token prompt, {args.new_tokens} new, greedy, "
+              f"median of {args.runs}; ratios modelcall / llama.cpp measured in this run", table(summaries), summaries,
+              args.out)
     return 0
 
 

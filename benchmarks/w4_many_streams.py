@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gguf_peer as gp  # noqa: E402
-from w0_single_stream import ENGINES, label, matrix_parser, unknown_cells  # noqa: E402
+from w0_single_stream import ENGINES, label, matrix_parser, parse_matrix  # noqa: E402
 
 
 async def one_round(url: str, model: str, words: int, streams: int, new: int, run: int) -> dict:
@@ -112,25 +112,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap = matrix_parser(__doc__.split("\n")[0])
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--log-dir", default="/tmp/w4-logs", help="the servers' logs")
-    args = ap.parse_args(argv)
-    bad = unknown_cells(args)
-    if bad or args.runs < 1 or args.streams < 1 or args.new_tokens < 2 or min(args.threads) < 1:
-        ap.error(f"models from {gp.MODELS}, kinds from {gp.KINDS}, runs, streams, threads >= 1, new tokens >= 2"
-                 + (f"; unknown: {bad}" if bad else ""))
-    return args
+    return parse_matrix(ap, argv, streams=True)
 
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
     gp.peer("server")   # fail before loading anything when the peer is not built
     summaries = [cell(m, k, t, args) for m in args.models for k in args.kinds for t in args.threads]
-    print(f"\n== W4: {args.streams} concurrent streams, {args.prompt_tokens}-token prompts, {args.new_tokens} new, "
-          f"greedy, median round of {args.runs}; ratios modelcall / llama-server measured in this run")
-    print(table(summaries))
-    if args.out:
-        with open(args.out, "a", encoding="utf-8") as f:
-            for s in summaries:
-                f.write(json.dumps(s) + "\n")
+    gp.report(f"W4: {args.streams} concurrent streams, {args.prompt_tokens}-token prompts, {args.new_tokens} new, "
+              f"greedy, median round of {args.runs}; ratios modelcall / llama-server measured in this run",
+              table(summaries), summaries, args.out)
     return 0
 
 

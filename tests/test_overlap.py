@@ -5,12 +5,11 @@ metered, each request's events in order, every block given back), and the overla
 (tokens are published while the next forward runs)."""
 from __future__ import annotations
 
-import random
 import threading
 
 import anyio
 import pytest
-from greedy_refs import greedy_continuations
+from greedy_refs import greedy_continuations, prompts_with_a_shared_prefix
 from kv_invariants import check_whole
 
 from modelcall.core import hookimpl
@@ -19,10 +18,7 @@ from modelcall.events import Finished, Preempted, PrefillDone, RequestScheduled,
 pytestmark = pytest.mark.anyio
 
 MAX_TOKENS = 12
-_rng = random.Random(21)
-_PREFIX = [_rng.randrange(10, 2048) for _ in range(36)]
-PROMPTS = ([_PREFIX + [_rng.randrange(10, 2048) for _ in range(_rng.randrange(1, 20))] for _ in range(3)]
-           + [[_rng.randrange(10, 2048) for _ in range(_rng.randrange(1, 60))] for _ in range(3)])
+PROMPTS = prompts_with_a_shared_prefix(seed=21, prefix=36, shortest_own=1)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import random
 
 import anyio
 import pytest
-from greedy_refs import greedy_continuations
+from greedy_refs import greedy_continuations, prompts_with_a_shared_prefix
 import torch
 from kv_invariants import check_whole
 from test_overlap import ForwardProbe
@@ -33,10 +33,7 @@ from modelcall.plugins.speculative.suffix import SuffixProposer
 pytestmark = pytest.mark.anyio
 
 MAX_TOKENS = 16
-_rng = random.Random(99)
-_PREFIX = [_rng.randrange(10, 2048) for _ in range(30)]
-PROMPTS = ([_PREFIX + [_rng.randrange(10, 2048) for _ in range(_rng.randrange(1, 20))] for _ in range(3)]
-           + [[_rng.randrange(10, 2048) for _ in range(_rng.randrange(2, 60))] for _ in range(3)])
+PROMPTS = prompts_with_a_shared_prefix(seed=99, prefix=30, shortest_own=2)
 
 
 @pytest.fixture(scope="module")
