@@ -1,11 +1,13 @@
-/* "r16" layouts: the legacy 32-weight formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) with 16 rows interleaved, for decode
- * steps with int8 activations (x quantized per 32 values to Q8_0, as quant_int8.c and llama.cpp do).
+/* "r16" layouts: the legacy 32-weight formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; the K formats in quant_r16k.c) with 16
+ * rows interleaved, for decode steps with integer dot products: x quantized per 32 values to int16 (quant_qmatmul:
+ * an error of |x| / 65534, the default) or to int8 as Q8_0 (quant_qmatmul_int8: llama.cpp's numerics).
  *
  * quant_int8.c reads one row at a time: per group a 256-bit vpdpbusd, a scale built from scalars, and one horizontal
  * sum per row at the end; at batch 1 that is compute-bound far below the memory's rate. Here a "tile" is 16 rows, and
  * for each group the tile's bytes sit together so that one 512-bit vpdpbusd covers 4 weights of each of the 16 rows
  * (lane r = row r) against 4 x values broadcast to every lane: 8 of them sum a group, the 16 lanes are the 16 rows'
- * sums, the 16 scales are one vector load, and no horizontal sum is left.
+ * sums, the 16 scales are one vector load, and no horizontal sum is left. int16 x goes through vpdpwssd on codes
+ * widened to 16 bits (two lanes a row: r16_tile16). A tile's codes are loaded once for up to R16_NB x rows.
  *
  *   tile-group (16 rows x 32 weights), bytes = 16 x the format's block size, so a weight keeps its size:
  *     d[16] fp16 | m[16] fp16 (Q4_1, Q5_1) | codes
@@ -18,7 +20,7 @@
  *   sum(q x) = sum(u x) - c sum(x)); Q4_1 / Q5_1 add m dx sum(x).
  *
  * Types: base + R16_OFF (the Python side names them "Q8_0/r16"...). Rows must be a multiple of 16. The same bytes are
- * dequantized (prefill tiles, embedding rows) by quant_r16_dequantize_row, to the bits of the plain layout's. */
+ * dequantized (prefill tiles, embedding rows) by r16_dequantize_row, to the bits of the plain layout's. */
 INLINE int r16_has_m(int base) { return base == GT_Q4_1 || base == GT_Q5_1; }
 INLINE int r16_has_hbit(int base) { return base == GT_Q5_0 || base == GT_Q5_1; }
 
