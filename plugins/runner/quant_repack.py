@@ -1,12 +1,12 @@
-"""Quantized weights in their r16 layouts for decode (csrc/quant_r16.c), and llama.cpp's int8 activations on request.
+"""Quantized weights in their r16 layouts for decode (csrc/quant_r16.c, quant_r16k.c), and int8 activations on request.
 
 A decode step at batch 1 reads every weight once and multiplies it by one activation row. The plain layouts' kernels
 widen each weight to fp32 (exact, but compute-bound at 5-8 GB/s on one Zen 4 core). The r16 layouts (16 rows
-interleaved, the same bytes in another order) let integer dot products sum 16 rows at once: the activation row is
-quantized per 32 values to int16 (an error of |x| / 65534: results within ~3e-5 of the fp32 path's, so greedy
-output keeps to transformers' reference) or, with `int8_activations`, to int8 as llama.cpp does (faster still, and
-llama.cpp's numerics: top-1 agreement with the fp32 reference fell to 97% on SmolLM2). Prefill's many rows still go
-through the dequantized GEMM.
+interleaved: the same information in another order, Q4_K 3% larger) let integer dot products sum 16 rows at once:
+the activation row is quantized per 32 values to int16 (an error of |x| / 65534: results within ~3e-5 of the fp32
+path's, so greedy output keeps to transformers' reference) or, with `int8_activations`, to int8 as llama.cpp does
+(faster still, and llama.cpp's numerics: top-1 agreement with the fp32 reference fell to 97% on SmolLM2). Prefill
+chunks of more than quant.dense_from_tokens rows still go through the dequantized GEMM.
 
 Runner plugin config: `repack` "auto" (default: where the CPU has the kernels: AVX-512 with VNNI) or false (the plain
 layouts); `int8_activations` false (default) or true.
