@@ -228,7 +228,7 @@ def qmatmul(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None,
 
     int8=True: x quantized per 32 values to Q8_0 on the fly and integer dot products (llama.cpp's way; an error
     of about |x| / 254 per value); where that kernel is not built, or W is a float type, the fp32 path runs. An r16
-    weight (repack_r16) always takes its int8 kernel.
+    weight (repack_r16) takes its integer kernels either way: x as int16 per 32 values, or as int8 with int8=True.
 
     NOTE: kept lean (each torch call here costs ~1 us, the whole wrapper ~5 us): a 192 x 576 Q4_1 matvec is ~5 us
     of kernel time."""

@@ -28,26 +28,31 @@ def enabled(setting: Any) -> bool:
     return setting not in (False, None, "off", "false", "no")
 
 
-def repack_model(model: torch.nn.Module, int8: bool = False) -> int:
+def repack_model(model: torch.nn.Module) -> int:
     """Give every quantized linear and embedding of `model` whose format has an r16 layout its weight in that layout
-    (a weight shared by a tied embedding and lm_head stays shared), and each quantized linear int8 activations when
-    `int8`; returns the number of weights moved. Expert weights (gguf_experts) keep their plain layout."""
-    done: dict[int, quant.QWeight | None] = {}
-    moved = 0
+    (a weight shared by a tied embedding and lm_head stays shared); returns the number of weights moved. Expert weights
+    (gguf_experts) keep their plain layout."""
+    if not quant.r16_available():
+        return 0
+    done: dict[int, quant.QWeight | None] = {}   # id of a plain weight -> its r16 form (None: it has none)
     for name, mod in model.named_modules():
-        if int8 and isinstance(mod, quant.QuantLinear):
-            mod.int8 = True
         qw = getattr(mod, "qweight", None)
-        if not isinstance(qw, quant.QWeight) or ".experts." in f".{name}." or not quant.r16_available():
+        if not isinstance(qw, quant.QWeight) or ".experts." in f".{name}.":
             continue
         if id(qw) not in done:
             done[id(qw)] = quant.repack_r16(qw)
-            moved += done[id(qw)] is not None
         if done[id(qw)] is not None:
             mod.qweight = done[id(qw)]
+    moved = sum(r is not None for r in done.values())
     if moved:
-        done.clear()
         heap.release_free_memory()   # the replaced weights' blocks, kept by heap.keep_freed_memory's thresholds
-        log.info("%d quantized weights in their r16 layout for decode (%s activations)", moved,
-                 "int8" if int8 else "int16")
+        log.info("%d quantized weights in their r16 layout for decode", moved)
     return moved
+
+
+def use_int8_activations(model: torch.nn.Module) -> None:
+    """Every quantized linear of `model` quantizes its activations to int8 when it reads few rows (QuantLinear.int8:
+    the r16 kernels' and the plain layouts' int8 paths alike)."""
+    for mod in model.modules():
+        if isinstance(mod, quant.QuantLinear):
+            mod.int8 = True

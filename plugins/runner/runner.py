@@ -62,8 +62,9 @@ class TorchModelRunner:
         model.to(p.device).eval().requires_grad_(False)
         runner_cfg = config.plugin_config.get("runner") or {}
         if p.device.type == "cpu" and quant_repack.enabled(runner_cfg.get("repack", "auto")):
-            # decode near the memory's rate (quant_repack.py)
-            quant_repack.repack_model(model, quant_repack.enabled(runner_cfg.get("int8_activations", False)))
+            quant_repack.repack_model(model)   # decode near the memory's rate (quant_repack.py)
+        if quant_repack.enabled(runner_cfg.get("int8_activations", False)):
+            quant_repack.use_int8_activations(model)
         self.weight_bytes = quant_load.resident_weight_bytes(model)
         if not getattr(model, "_supports_attention_backend", False):
             raise ConfigError(f"{type(model).__name__} does not route attention through transformers' "

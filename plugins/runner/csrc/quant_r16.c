@@ -23,6 +23,12 @@
  * dequantized (prefill tiles, embedding rows) by r16_dequantize_row, to the bits of the plain layout's. */
 INLINE int r16_has_m(int base) { return base == GT_Q4_1 || base == GT_Q5_1; }
 INLINE int r16_has_hbit(int base) { return base == GT_Q5_0 || base == GT_Q5_1; }
+/* bytes before a tile-group's codes: d[16] (and m[16]) */
+INLINE int r16_hdr(int base) { return r16_has_m(base) ? 64 : 32; }
+/* c in u = q + c: what the unsigned codes of a format without an offset carry */
+INLINE int r16_code_offset(int base) {
+    return base == GT_Q8_0 ? 128 : base == GT_Q4_0 ? 8 : base == GT_Q5_0 ? 16 : 0;
+}
 
 INLINE int r16_k_format(int base) { return base == GT_Q4_K || base == GT_Q6_K; }
 
@@ -78,7 +84,7 @@ int quant_r16_repack(int base, const uint8_t *src, int64_t N, int64_t K, uint8_t
     if (K % bs || N % 16) return -2;
     if (r16_k_format(base)) { r16k_repack(base, src, N, K, dst, nt); return 0; }
     const int64_t G = K / 32, row_bytes = G * bpb, tg = 16 * (int64_t)bpb;
-    const int hdr = r16_has_m(base) ? 64 : 32;
+    const int hdr = r16_hdr(base);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && N * K >= PAR_MIN)
     for (int64_t t = 0; t < N / 16; t++)
         for (int64_t g = 0; g < G; g++) {
@@ -115,8 +121,7 @@ static void r16_dequantize_row(int base, const uint8_t *w, int64_t row_bytes, in
     int bs, bpb;
     quant_block_info(base, &bs, &bpb);
     const int64_t G = K / 32, tg = 16 * (int64_t)bpb, l = r % 16;
-    const int hdr = r16_has_m(base) ? 64 : 32;
-    const int c0 = base == GT_Q8_0 ? 128 : base == GT_Q4_0 ? 8 : base == GT_Q5_0 ? 16 : 0;
+    const int hdr = r16_hdr(base), c0 = r16_code_offset(base);
     const uint8_t *tile = w + (r / 16) * 16 * row_bytes;
     for (int64_t g = 0; g < G; g++) {
         const uint8_t *p = tile + g * tg, *codes = p + hdr;
@@ -160,8 +165,7 @@ INLINE void r16_nibbles(const int base, const uint8_t *codes, int c, __m512i *lo
  * the 16 sums of row b at out + 16 b. The tile's codes are loaded once for the nb rows. */
 INLINE void r16_tile(const int base, const int nb, const uint8_t *p, int64_t G, int64_t tg, const int8_t *xq,
                      int64_t xrow, const float *dx, const int32_t *sq, float *out) {
-    const int hdr = r16_has_m(base) ? 64 : 32;
-    const int c0 = base == GT_Q8_0 ? 128 : base == GT_Q4_0 ? 8 : base == GT_Q5_0 ? 16 : 0;
+    const int hdr = r16_hdr(base), c0 = r16_code_offset(base);
     __m512 tot[R16_NB], tot2[R16_NB];
     for (int b = 0; b < nb; b++) tot[b] = tot2[b] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++, p += tg) {
@@ -218,8 +222,7 @@ INLINE __m512 r16_pairs(__m512 lo, __m512 hi) {
  * at the end (r16_pairs). */
 INLINE void r16_tile16(const int base, const int nb, const uint8_t *p, int64_t G, int64_t tg, const int8_t *xq,
                        int64_t xrow, const float *dx, const int32_t *sq, float *out) {
-    const int hdr = r16_has_m(base) ? 64 : 32;
-    const int c0 = base == GT_Q8_0 ? 128 : base == GT_Q4_0 ? 8 : base == GT_Q5_0 ? 16 : 0;
+    const int hdr = r16_hdr(base), c0 = r16_code_offset(base);
     __m512 tlo[R16_NB], thi[R16_NB];
     for (int b = 0; b < nb; b++) tlo[b] = thi[b] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++, p += tg) {
@@ -291,10 +294,10 @@ typedef void (*r16_fn)(const uint8_t *, int64_t, int64_t, int, const int8_t *, i
     case 2: tile(__VA_ARGS__, 2, p, G, tg, xq, xrow, dx, sq, o); break; \
     case 3: tile(__VA_ARGS__, 3, p, G, tg, xq, xrow, dx, sq, o); break; \
     default: tile(__VA_ARGS__, 4, p, G, tg, xq, xrow, dx, sq, o); }
-#define R16K(qt) \
-    static void r16k_##qt(R16_ARGS) { (void)sh; R16_ROWS(r16_tile, qt) } \
-    static void r16k16_##qt(R16_ARGS) { (void)sh; R16_ROWS(r16_tile16, qt) }
-R16K(GT_Q8_0) R16K(GT_Q4_0) R16K(GT_Q4_1) R16K(GT_Q5_0) R16K(GT_Q5_1)
+#define R16_KERNELS(qt) \
+    static void r16x8_##qt(R16_ARGS) { (void)sh; R16_ROWS(r16_tile, qt) } \
+    static void r16x16_##qt(R16_ARGS) { (void)sh; R16_ROWS(r16_tile16, qt) }
+R16_KERNELS(GT_Q8_0) R16_KERNELS(GT_Q4_0) R16_KERNELS(GT_Q4_1) R16_KERNELS(GT_Q5_0) R16_KERNELS(GT_Q5_1)
 static void r16k_q4k_8(R16_ARGS);
 static void r16k_q4k_16(R16_ARGS);
 static void r16k_q6k_8(R16_ARGS);
@@ -304,18 +307,18 @@ static r16_fn r16_kernel(int base, int x16) {
     if (base == GT_Q4_K) return x16 ? r16k_q4k_16 : r16k_q4k_8;
     if (base == GT_Q6_K) return x16 ? r16k_q6k_16 : r16k_q6k_8;
     if (x16) switch (base) {
-    case GT_Q8_0: return r16k16_GT_Q8_0;
-    case GT_Q4_0: return r16k16_GT_Q4_0;
-    case GT_Q4_1: return r16k16_GT_Q4_1;
-    case GT_Q5_0: return r16k16_GT_Q5_0;
-    default: return r16k16_GT_Q5_1;
+    case GT_Q8_0: return r16x16_GT_Q8_0;
+    case GT_Q4_0: return r16x16_GT_Q4_0;
+    case GT_Q4_1: return r16x16_GT_Q4_1;
+    case GT_Q5_0: return r16x16_GT_Q5_0;
+    default: return r16x16_GT_Q5_1;
     }
     switch (base) {
-    case GT_Q8_0: return r16k_GT_Q8_0;
-    case GT_Q4_0: return r16k_GT_Q4_0;
-    case GT_Q4_1: return r16k_GT_Q4_1;
-    case GT_Q5_0: return r16k_GT_Q5_0;
-    default: return r16k_GT_Q5_1;
+    case GT_Q8_0: return r16x8_GT_Q8_0;
+    case GT_Q4_0: return r16x8_GT_Q4_0;
+    case GT_Q4_1: return r16x8_GT_Q4_1;
+    case GT_Q5_0: return r16x8_GT_Q5_0;
+    default: return r16x8_GT_Q5_1;
     }
 }
 
