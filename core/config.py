@@ -62,6 +62,16 @@ class KernelConfig(msgspec.Struct, kw_only=True):
     # Off by default: not yet shown a gain on 2 shared cores (W1 on and off, 2026-12-01: docs/benchmarks.md;
     # w2_serve_vs_vllm.sh).
     async_scheduling: bool = False
+    # Multi-LoRA (docs/lora.md), vLLM's flags: PEFT adapter directories served beside the base model, picked by a
+    # request's `model`; max_loras: distinct adapters in one step; max_cpu_loras: adapters kept loaded (least
+    # recently used evicted, reloaded from disk when asked again; None: every registered one); max_lora_rank: a
+    # larger rank is refused at load; runtime_lora_updates: POST /v1/load_lora_adapter and /v1/unload_lora_adapter
+    # (keys with the admin permission only). LoRA is on when lora_modules is not empty or runtime updates are.
+    lora_modules: dict[str, str] = {}
+    max_loras: int = 8
+    max_cpu_loras: int | None = None
+    max_lora_rank: int = 64
+    runtime_lora_updates: bool = False
     plugin_config: dict[str, dict] = {}
 
     def __post_init__(self) -> None:
@@ -78,9 +88,16 @@ class KernelConfig(msgspec.Struct, kw_only=True):
                 raise ConfigError(f"{cap} must be >= 1, got {getattr(self, cap)}")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ConfigError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
+        if self.max_loras < 1 or self.max_lora_rank < 1 or (self.max_cpu_loras is not None and self.max_cpu_loras < 1):
+            raise ConfigError(f"max_loras, max_lora_rank and max_cpu_loras must be >= 1, got {self.max_loras}, "
+                              f"{self.max_lora_rank}, {self.max_cpu_loras}")
         if self.speculative_config:
             from modelcall.core.speculative import parse_config
             parse_config(self.speculative_config)  # refuse a bad one at start-up
+
+    @property
+    def lora_enabled(self) -> bool:
+        return bool(self.lora_modules) or self.runtime_lora_updates
 
     def wants(self, stage: str, name: str) -> bool:
         """True when configuration leaves `stage` open or names `name` for it (for provider hooks)."""
