@@ -26,6 +26,8 @@ class Caller(msgspec.Struct, frozen=True, kw_only=True):
     more). `cache_group`: callers in one group share prefix-cache blocks (default: the caller's
     own name, so no other caller can hit its blocks). `expires_at`: a Unix time after which the
     caller is refused. `limits` is the meters' own (e.g. requests and tokens per minute).
+    `weight`: the caller's share of the engine under a fair-share scheduler (2.0: twice the
+    tokens of a 1.0 caller while both have requests waiting).
     """
 
     name: str
@@ -35,6 +37,7 @@ class Caller(msgspec.Struct, frozen=True, kw_only=True):
     limits: Any = None
     cache_group: str | None = None
     expires_at: float | None = None
+    weight: float = 1.0
 
     def may_use_model(self, model: str) -> bool:
         return self.models is None or model in self.models or "*" in self.models
@@ -124,6 +127,9 @@ class Meter(Protocol):
     def observe(self, event: Any) -> None:
         """A request's terminal event (Finished / RequestFailed / RequestRejected). Inline: microseconds."""
         ...
+
+    # Optional: `gauges() -> list[(name, help, value)]`, read when /metrics is scraped; each becomes
+    # the gauge `modelcall:<name>` (e.g. whether a shared quota store answers).
 
 
 def tool_names(tools: list[dict[str, Any]] | None) -> tuple[str, ...]:

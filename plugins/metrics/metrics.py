@@ -136,6 +136,11 @@ class _KernelCollector:
             g = GaugeMetricFamily(P + name, doc, labels=["model_name"])
             g.add_metric(model, float(value))
             yield g
+        for _name, meter in getattr(kernel, "meters", None) or ():  # optional Meter.gauges (core/metering.py)
+            for name, doc, value in (meter.gauges() if hasattr(meter, "gauges") else ()):
+                g = GaugeMetricFamily(P + name, doc, labels=["model_name"])
+                g.add_metric(model, float(value))
+                yield g
         weights = getattr(getattr(kernel, "runner", None), "weight_bytes", None)   # optional (core ModelRunner)
         if weights is not None:
             g = GaugeMetricFamily(P + "model_weight_bytes", "Bytes of model weights held resident (quantized "
