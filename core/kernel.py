@@ -301,7 +301,7 @@ class Kernel(Submitting):
                             prompt_tokens=len(ids), max_tokens=max_tokens, priority=priority,
                             caller=caller.name if caller is not None else None, prompt_parts=parts,
                             dropped_messages=context["dropped_messages"] if context else 0, retries=retries,
-                            tool_results=answered_calls(r.messages)),
+                            tool_results=answered_calls(r.messages), kind=self._kind(e.pooling)),
             RequestQueued(request_id=rid, task_id=task_id, ts=record.admitted, num_waiting=self.scheduler.num_waiting + 1),
         ))
         self.engine.add(record)
@@ -309,6 +309,10 @@ class Kernel(Submitting):
         handle.context = context
         handle.prompt_parts = parts
         return handle
+
+    def _kind(self, pooling: Any) -> str:
+        """What a request asks of the model, as records tell requests apart: generation, or its pooler's task."""
+        return "generate" if pooling is None else getattr(self.pooler, "task", "embed")
 
     def abort(self, request_id: str) -> None:
         """End a request; its stream ends with `Finished(reason="abort")` and its blocks are freed."""

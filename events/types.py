@@ -101,6 +101,7 @@ class RequestAdmitted(Event):
     dropped_messages: int = 0                   # history messages a context policy dropped to fit
     retries: int = 0                            # earlier attempts of this request, as the caller told
     tool_results: tuple[str, ...] = ()          # ids of earlier tool calls whose results this prompt carries
+    kind: str = "generate"                      # "generate", or a pooling request's "embed" / "score" (core/pooling.py)
 
 
 class RequestQueued(Event):

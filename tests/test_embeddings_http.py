@@ -39,7 +39,7 @@ def ref(minilm_dir) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def server(minilm_dir):
-    with ServerThread(model=minilm_dir, device="cpu", served_model_name="minilm",
+    with ServerThread(model=minilm_dir, device="cpu", dtype="float32", served_model_name="minilm",
                       max_num_batched_tokens=16) as s:
         yield s
 
@@ -121,13 +121,17 @@ def test_models_show_the_task_and_generation_is_refused(server, client):
         client.completions.create(model="minilm", prompt="Hello", max_tokens=4)
 
 
-def test_metrics_count_embedding_tokens_as_prompt_tokens_with_their_own_name(server, client):
+def test_metrics_count_embedding_tokens_as_prompt_tokens_with_their_own_label(server, client):
+    """/metrics: an embeddings call's tokens are prompt tokens (vLLM's prompt_tokens_total) and, told apart from
+    generation, prompt_tokens_by_kind{kind="embed"}; the generate child does not move."""
     import re
 
-    def counters() -> tuple[float, float]:
+    def counters() -> tuple[float, ...]:
         text = httpx.get(server.base_url + "/metrics", timeout=10).text
-        found = [re.search(rf'^modelcall:{name}_total{{model_name="minilm"}} (\S+)$', text, re.M)
-                 for name in ("prompt_tokens", "pooling_prompt_tokens")]
+        found = [re.search(rf'^modelcall:{series} (\S+)$', text, re.M) for series in (
+            'prompt_tokens_total{model_name="minilm"}',
+            'prompt_tokens_by_kind_total{kind="embed",model_name="minilm"}',
+            'prompt_tokens_by_kind_total{kind="generate",model_name="minilm"}')]
         assert all(found), text[:2000]
         return tuple(float(m.group(1)) for m in found)
 
@@ -135,4 +139,4 @@ def test_metrics_count_embedding_tokens_as_prompt_tokens_with_their_own_name(ser
     out = client.embeddings.create(model="minilm", input=TEXTS, encoding_format="float")
     after = counters()
     used = out.usage.prompt_tokens
-    assert (after[0] - before[0], after[1] - before[1]) == (used, used)
+    assert tuple(b - a for a, b in zip(before, after)) == (used, used, 0)

@@ -7,7 +7,8 @@
    a negative `overlap`, so their shared time is counted once).
 3. whether it completed — every request's finish reason
 4. what it cost        — input (of which cached) and output (of which reasoning); cached and
-   reasoning tokens are parts of input and output, never added on top.
+   reasoning tokens are parts of input and output, never added on top. Input tokens are also
+   split by kind: generation, or pooling requests (embed, score: a RAG task's retrieval).
 """
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ def task_report(conn: sqlite3.Connection, task_id: str) -> dict[str, Any]:
     totals = dict.fromkeys(SPANS, 0.0) | {"tools": 0.0, "other": 0.0}
     for i, r in enumerate(reqs):
         parts = json.loads(r["prompt_parts"]) if r["prompt_parts"] else {"prompt": r["prompt_tokens"]}
-        saw.append({"request_id": r["request_id"], "prompt_tokens": r["prompt_tokens"], "parts": parts,
-                    "dropped_messages": r["dropped_messages"]})
+        saw.append({"request_id": r["request_id"], "kind": r["kind"], "prompt_tokens": r["prompt_tokens"],
+                    "parts": parts, "dropped_messages": r["dropped_messages"]})
         spans = request_spans(r)
         for k, v in spans.items():
             totals[k] += v
@@ -85,6 +86,9 @@ def task_report(conn: sqlite3.Connection, task_id: str) -> dict[str, Any]:
     cached = sum(r["cached_tokens"] for r in reqs)
     cost_out = sum(r["completion_tokens"] for r in reqs)
     reasoning = sum(r["reasoning_tokens"] for r in reqs)
+    by_kind: dict[str, int] = {}
+    for r in reqs:
+        by_kind[r["kind"] or "-"] = by_kind.get(r["kind"] or "-", 0) + r["prompt_tokens"]
     return {
         "task_id": task_id,
         "requests": len(reqs),
@@ -93,7 +97,7 @@ def task_report(conn: sqlite3.Connection, task_id: str) -> dict[str, Any]:
         "completed": {"completed": completed, "last_finish_reason": last_reason, "requests": outcomes},
         "cost": {"input_tokens": cost_in, "cached_input_tokens": cached, "uncached_input_tokens": cost_in - cached,
                  "output_tokens": cost_out, "reasoning_tokens": reasoning, "visible_output_tokens": cost_out - reasoning,
-                 "total_tokens": cost_in + cost_out},
+                 "total_tokens": cost_in + cost_out, "input_tokens_by_kind": by_kind},
     }
 
 
@@ -106,7 +110,8 @@ def render(rep: dict[str, Any]) -> str:
     for s in rep["saw"]:
         parts = ", ".join(f"{k} {v}" for k, v in s["parts"].items() if v)
         dropped = f"; {s['dropped_messages']} old message(s) dropped to fit" if s["dropped_messages"] else ""
-        out.append(f"   {s['request_id']}: {s['prompt_tokens']} = {parts}{dropped}")
+        kind = f" ({s['kind']})" if s["kind"] not in (None, "generate") else ""
+        out.append(f"   {s['request_id']}{kind}: {s['prompt_tokens']} = {parts}{dropped}")
     t = rep["time"]
     out += ["", f"2. Where the time went (wall {_ms(t['wall']).strip()})"]
     for r in t["requests"]:
@@ -135,4 +140,7 @@ def render(rep: dict[str, Any]) -> str:
             f"   input  {k['input_tokens']:8d}  (cached {k['cached_input_tokens']}, uncached {k['uncached_input_tokens']})",
             f"   output {k['output_tokens']:8d}  (reasoning {k['reasoning_tokens']}, visible {k['visible_output_tokens']})",
             f"   total  {k['total_tokens']:8d}  (= input + output; cached and reasoning are parts, not extra)"]
+    kinds = k["input_tokens_by_kind"]
+    if set(kinds) - {"generate"}:   # a task that embedded or scored: its input split by kind
+        out.append("   input by kind: " + ", ".join(f"{name} {n}" for name, n in sorted(kinds.items())))
     return "\n".join(out)

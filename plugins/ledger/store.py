@@ -39,7 +39,8 @@ CREATE TABLE IF NOT EXISTS requests (
     prompt_parts      TEXT,                         -- JSON: prompt tokens by part
     dropped_messages  INTEGER NOT NULL DEFAULT 0,
     spec_draft_tokens    INTEGER NOT NULL DEFAULT 0,   -- speculative decoding: draft tokens verified
-    spec_accepted_tokens INTEGER NOT NULL DEFAULT 0    -- of which accepted
+    spec_accepted_tokens INTEGER NOT NULL DEFAULT 0,   -- of which accepted
+    kind              TEXT                -- generate, embed or score (a pooling request); NULL: refused before admission
 );
 CREATE INDEX IF NOT EXISTS requests_task ON requests(task_id);
 CREATE INDEX IF NOT EXISTS requests_received ON requests(received);
@@ -62,10 +63,11 @@ REQUEST_COLUMNS = (
     "request_id", "task_id", "key_name", "model", "status", "finish_reason", "error", "received", "admitted",
     "scheduled", "first_token", "last_token", "finished", "response_sent", "prompt_tokens", "cached_tokens",
     "completion_tokens", "reasoning_tokens", "max_tokens", "priority", "retries", "preemptions", "tool_calls",
-    "prompt_parts", "dropped_messages", "spec_draft_tokens", "spec_accepted_tokens",
+    "prompt_parts", "dropped_messages", "spec_draft_tokens", "spec_accepted_tokens", "kind",
 )
 # Columns added after the first schema: (name, declaration), added to an older ledger when it is opened.
-ADDED_COLUMNS = (("spec_draft_tokens", "INTEGER NOT NULL DEFAULT 0"), ("spec_accepted_tokens", "INTEGER NOT NULL DEFAULT 0"))
+ADDED_COLUMNS = (("spec_draft_tokens", "INTEGER NOT NULL DEFAULT 0"), ("spec_accepted_tokens", "INTEGER NOT NULL DEFAULT 0"),
+                 ("kind", "TEXT"))
 
 
 def default_path() -> Path:

@@ -11,7 +11,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from modelcall.events import Finished, Preempted, RequestRejected, TokensEmitted
+from modelcall.events import Finished, Preempted, RequestAdmitted, RequestRejected, TokensEmitted
 
 P = "modelcall:"
 LATENCY = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -21,6 +21,7 @@ ITL = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
 REQUEST = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 REASONS = ("stop", "length", "abort", "tool_calls", "content_filter", "error")
+KINDS = ("generate", "embed", "score")   # RequestAdmitted.kind
 
 
 class KernelMetrics:
@@ -43,8 +44,9 @@ class KernelMetrics:
                                   buckets=REQUEST, registry=r)
         self.c_prompt = Counter(P + "prompt_tokens", "Prompt tokens of finished requests.", m, registry=r)
         self.c_gen = Counter(P + "generation_tokens", "Generated tokens of finished requests.", m, registry=r)
-        self.c_pooled = Counter(P + "pooling_prompt_tokens", "Prompt tokens of pooling requests (embeddings, rerank, "
-                                "score); prompt_tokens counts them too.", m, registry=r)
+        self.c_by_kind = Counter(P + "prompt_tokens_by_kind", "Prompt tokens of finished requests by kind: generate, "
+                                 "or a pooling request's embed (embeddings) or score (rerank, score); they sum to "
+                                 "prompt_tokens.", [*m, "kind"], registry=r)
         self.c_cached = Counter(P + "cached_prompt_tokens", "Prompt tokens read from the prefix cache.", m,
                                 registry=r)
         self.c_success = Counter(P + "request_success", "Finished requests by finish reason.",
@@ -57,6 +59,7 @@ class KernelMetrics:
         self.kernel: Any = None
         self.model = ""
         self._last_token: dict[str, float] = {}
+        self._pooling_kind: dict[str, str] = {}   # admitted pooling requests' kind; generation is the default
 
     def bind(self, model: str) -> None:
         """Pre-bind the label children of `model` (the observers then do no label lookups)."""
@@ -65,7 +68,7 @@ class KernelMetrics:
         self.queue, self.prefill, self.decode = (h.labels(model) for h in (self.h_queue, self.h_prefill, self.h_decode))
         self.prompt, self.gen, self.cached = (c.labels(model) for c in (self.c_prompt, self.c_gen, self.c_cached))
         self.preempt = self.c_preempt.labels(model)
-        self.pooled = self.c_pooled.labels(model)
+        self.by_kind = {kind: self.c_by_kind.labels(model, kind) for kind in KINDS}
         self.success = {reason: self.c_success.labels(model, reason) for reason in REASONS}
 
     def attach(self, kernel: Any) -> None:
@@ -83,8 +86,17 @@ class KernelMetrics:
             self.itl.observe(ev.ts - last)
         self._last_token[ev.request_id] = ev.ts
 
+    def on_admitted(self, ev: RequestAdmitted) -> None:
+        if ev.kind != "generate":   # NOTE: only pooling requests are kept, so generation pays no dict entry
+            self._pooling_kind[ev.request_id] = ev.kind
+
     def on_finished(self, ev: Finished) -> None:
         self._last_token.pop(ev.request_id, None)
+        kind = self._pooling_kind.pop(ev.request_id, "generate") if self._pooling_kind else "generate"
+        child = self.by_kind.get(kind)
+        if child is None:
+            child = self.by_kind[kind] = self.c_by_kind.labels(self.model, kind)
+        child.inc(ev.usage.prompt_tokens)
         t, u = ev.timings, ev.usage
         for hist, span in ((self.ttft, t.ttft_s), (self.e2e, t.e2e_s), (self.queue, t.queue_s),
                            (self.prefill, t.prefill_s), (self.decode, t.decode_s)):
@@ -98,11 +110,9 @@ class KernelMetrics:
             child = self.success[ev.reason] = self.c_success.labels(self.model, ev.reason)
         child.inc()
 
-    def on_pooled(self, ev: Any) -> None:
-        self.pooled.inc(ev.num_prompt_tokens)
-
     def on_failed(self, ev: Any) -> None:
         self._last_token.pop(ev.request_id, None)
+        self._pooling_kind.pop(ev.request_id, None)
         self.success["error"].inc()
 
     def on_preempted(self, ev: Preempted) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from modelcall.core import hookimpl
-from modelcall.events import Finished, Pooled, Preempted, RequestFailed, RequestRejected, TokensEmitted
+from modelcall.events import Finished, Preempted, RequestAdmitted, RequestFailed, RequestRejected, TokensEmitted
 from modelcall.plugins.metrics.metrics import KernelMetrics
 
 NAME = "metrics"  # the key of this plugin's state in `kernel.plugin_state`: the kernel's KernelMetrics
@@ -29,7 +29,7 @@ def register_observers(register: Any, config: Any, kernel: Any) -> None:
     m = kernel.plugin_state[NAME] = KernelMetrics()
     register(TokensEmitted, m.on_tokens, name="metrics")
     register(Finished, m.on_finished, name="metrics")
-    register(Pooled, m.on_pooled, name="metrics")
+    register(RequestAdmitted, m.on_admitted, name="metrics")
     register(RequestFailed, m.on_failed, name="metrics")
     register(Preempted, m.on_preempted, name="metrics")
     register(RequestRejected, m.on_rejected, name="metrics")
