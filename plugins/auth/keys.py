@@ -11,7 +11,8 @@
     priority = 0                    # the most urgent its requests may run at (lower runs first)
     cache_group = "team-a"          # keys of one group share prefix-cache blocks (default: the key's own)
     expires_at = 2027-01-01T00:00:00Z   # refused from then on (a TOML datetime; no offset: UTC)
-    disabled = false                # `modelcall keys revoke NAME` sets it; SIGHUP reloads the file
+    disabled = false                # `modelcall keys revoke NAME` sets it; a server reloads a changed file within a second
+    weight = 1.0                    # its share under `--scheduling fair` (2.0: twice the tokens of a 1.0 key when both wait)
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import datetime as dt
 import hashlib
 import hmac
 import logging
+import os
 import secrets
 import threading
 import time
@@ -52,6 +54,7 @@ class KeyEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     cache_group: str | None = None
     expires_at: dt.datetime | None = None
     disabled: bool = False
+    weight: float = 1.0
 
     @property
     def expires_ts(self) -> float | None:
@@ -103,7 +106,9 @@ class KeyStore:
                 v = getattr(e, field)
                 if v is not None and v < 1:
                     raise ConfigError(f"API key {e.name!r}: {field} must be >= 1 or omitted, got {v}")
-            caller = Caller(name=e.name, priority=e.priority,
+            if not e.weight > 0:
+                raise ConfigError(f"API key {e.name!r}: weight must be > 0, got {e.weight}")
+            caller = Caller(name=e.name, priority=e.priority, weight=e.weight,
                             models=frozenset(e.models) if e.models is not None else None,
                             tools=frozenset(e.tools) if e.tools is not None else None,
                             limits=Limits(rpm=e.rpm, tpm=e.tpm, daily_tokens=e.daily_tokens),
@@ -156,6 +161,8 @@ class KeyRing:
         self.store = KeyStore.load(path)
         self.reloads = 0
         self._lock = threading.Lock()
+        self._watcher: threading.Thread | None = None
+        self._stop = threading.Event()
 
     def reload(self) -> bool:
         with self._lock:
@@ -171,6 +178,38 @@ class KeyRing:
 
     def check(self, presented: str | None) -> tuple[Caller | None, str]:
         return self.store.check(presented)
+
+    def _signature(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size, st.st_ino
+
+    def watch(self, interval_s: float = 0.25) -> None:
+        """Reload whenever the file changes (checked every `interval_s` by a daemon thread), so a
+        revocation reaches this process within about `interval_s`, with no signal to send."""
+        if self._watcher is not None:
+            return
+        self._stop.clear()
+        seen = self._signature()
+
+        def poll() -> None:
+            nonlocal seen
+            while not self._stop.wait(interval_s):
+                now = self._signature()
+                if now is not None and now != seen:
+                    seen = now
+                    self.reload()
+
+        self._watcher = threading.Thread(target=poll, name="keys-watch", daemon=True)
+        self._watcher.start()
+
+    def stop_watching(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=2)
+            self._watcher = None
 
 
 def presented_key(headers: Any) -> str | None:

@@ -2,8 +2,8 @@
 
 `revoke` sets `disabled = true` in the key's own `[[keys]]` block and leaves every other line
 (comments included) as it was; the file is checked to load before it is replaced. A running
-server applies the change when it gets SIGHUP (`kill -HUP <pid>`): requests in flight finish,
-the next request with that key gets 401.
+server applies the change within a second (each server process watches the file; SIGHUP
+reloads at once): requests in flight finish, the next request with that key gets 401.
 """
 from __future__ import annotations
 
@@ -125,5 +125,5 @@ def run_revoke(args: argparse.Namespace) -> int:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    print(f"revoked {args.name!r} in {path}; a running server applies it on SIGHUP (kill -HUP <pid>)")
+    print(f"revoked {args.name!r} in {path}; running servers apply it within a second (they watch the file)")
     return 0

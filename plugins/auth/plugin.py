@@ -1,6 +1,8 @@
 """API keys for `modelcall serve --api-keys FILE`: the middleware and the quota meter.
 
     plugin_config = {"auth": {"api_keys": "/etc/modelcall/keys.toml"}}
+    plugin_config = {"auth": {"api_keys": "...", "quota_store": "redis://127.0.0.1:6379/0",
+                              "quota_store_fail": "closed"}}   # quotas shared by processes (docs/tenancy.md)
 """
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import signal
 from typing import Any
 
 from modelcall.core import hookimpl
+from modelcall.core.errors import ConfigError
 from modelcall.plugins.auth.keys import KeyRing
 from modelcall.plugins.auth.quota import QuotaBook
 
@@ -30,10 +33,35 @@ def ring_of(kernel: Any) -> KeyRing | None:
     return ring
 
 
+def auth_config(config: Any) -> dict[str, Any]:
+    return (getattr(config, "plugin_config", None) or {}).get("auth") or {}
+
+
 @hookimpl(trylast=True)
-def register_meters(register: Any, config: Any) -> None:
-    if keys_file(config):
-        register(QuotaBook())
+def register_meters(register: Any, config: Any, kernel: Any) -> None:
+    if not keys_file(config):
+        return
+    url = auth_config(config).get("quota_store")
+    if not url:
+        register(QuotaBook())  # one process: its own counters
+        return
+    from modelcall.plugins.auth.shared_quota import SharedQuotaBook
+    from modelcall.plugins.auth.store_redis import RedisQuotaStore
+
+    if not str(url).startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(f"quota_store must be a redis://HOST:PORT URL, got {url!r}")
+    book = SharedQuotaBook(RedisQuotaStore(url), fail=auth_config(config).get("quota_store_fail", "closed"),
+                           name=f"the quota store at {_without_password(url)}")
+    kernel.plugin_state[NAME + ".quota"] = book
+    register(book)
+
+
+def _without_password(url: str) -> str:
+    """The URL as logs and errors may show it."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return url if parts.password is None else url.replace(f":{parts.password}@", ":***@", 1)
 
 
 @hookimpl(trylast=True)
@@ -41,6 +69,8 @@ def startup(kernel: Any) -> None:
     ring = ring_of(kernel)  # NOTE: a bad key file fails the start, not the first request
     if ring is None:
         return
+    # Revocation reaches every process within a second: each one watches the file (docs/tenancy.md).
+    ring.watch(float(auth_config(kernel.config).get("watch_interval_s", 0.25)))
     import asyncio
 
     try:
@@ -53,6 +83,12 @@ def startup(kernel: Any) -> None:
 
 @hookimpl(trylast=True)
 def shutdown(kernel: Any) -> None:
+    ring = kernel.plugin_state.get(NAME)
+    if ring is not None:
+        ring.stop_watching()
+    book = kernel.plugin_state.pop(NAME + ".quota", None)
+    if book is not None:
+        book.close()
     if kernel.plugin_state.pop(NAME + ".sighup", False):
         import asyncio
 

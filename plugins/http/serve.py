@@ -39,6 +39,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("security and records")
     g.add_argument("--api-keys", metavar="FILE", help="TOML file of [[keys]] (name, sha256, models, tools, rpm, tpm, "
                    "daily_tokens, priority); every route but /health and /ready then needs a key")
+    g.add_argument("--quota-store", metavar="URL", help="keep the keys' quotas in this Redis (redis://HOST:PORT/DB), "
+                   "shared by every process that names it: replicas and front ends (docs/tenancy.md)")
+    g.add_argument("--quota-store-fail", choices=["open", "closed"], default="closed",
+                   help="when the quota store cannot be reached: closed refuses with 503 (default), open counts "
+                   "in this process only and shows modelcall:quota_store_fail_open 1 on /metrics")
     g.add_argument("--ledger", metavar="PATH", help="SQLite request ledger (default: in the user data directory; "
                    "'off' disables it)")
     g.add_argument("--request-log", metavar="PATH", help="write the JSON request log to PATH (default: stderr log)")
@@ -82,6 +87,10 @@ def _records_config(args: argparse.Namespace) -> dict[str, dict]:
     out: dict[str, dict] = {}
     if getattr(args, "api_keys", None):
         out["auth"] = {"api_keys": args.api_keys}
+        if getattr(args, "quota_store", None):
+            out["auth"].update(quota_store=args.quota_store, quota_store_fail=args.quota_store_fail)
+    elif getattr(args, "quota_store", None):
+        raise SystemExit("--quota-store holds the quotas of API keys: give --api-keys FILE too")
     ledger = getattr(args, "ledger", None)
     if ledger != "off":
         if ledger is None:
@@ -132,6 +141,10 @@ def _kernel_from_args(args: argparse.Namespace) -> Kernel:
 def _replicated(args: argparse.Namespace, kernel: Kernel) -> Any:
     """The kernel's configuration served by N replicas: whatever plugin provides
     `provide_replicated_kernel` (the built-in one is plugins/scale, on Ray Serve)."""
+    if getattr(args, "api_keys", None) and not getattr(args, "quota_store", None):
+        log.warning("--replicas %s without --quota-store: each replica keeps its own quota counters, so a key may "
+                    "use up to %s times its limits; give --quota-store redis://HOST:PORT to share them",
+                    args.replicas or 1, args.replicas or 1)
     plugins, blocked = tuple(getattr(args, "plugins", ())), tuple(getattr(args, "blocked", ()))
     host = PluginHost(plugins, blocked=blocked)
     replicated = host.pm.hook.provide_replicated_kernel(
