@@ -69,7 +69,9 @@ def add_kernel_options(parser: argparse.ArgumentParser) -> None:
                    help=f"requests computed per step (default: {d.max_num_seqs})")
     g.add_argument("--max-num-batched-tokens", type=_positive_int, metavar="N",
                    help=f"token budget of one step (default: {d.max_num_batched_tokens})")
-    g.add_argument("--scheduling-policy", choices=["fcfs", "priority"], help="default: fcfs")
+    g.add_argument("--scheduling-policy", "--scheduling", choices=["fcfs", "priority", "fair"],
+                   help="default: fcfs; fair: priority first, then the tenant (API key) served the fewest tokens "
+                        "(docs/tenancy.md)")
     g.add_argument("--speculative-config", metavar="JSON",
                    help='speculative decoding as vLLM\'s JSON, e.g. {"method": "ngram", "num_speculative_tokens": 5, '
                         '"prompt_lookup_max": 4, "prompt_lookup_min": 1} or {"method": "suffix"} (default: off)')

@@ -44,7 +44,7 @@ class KernelConfig(msgspec.Struct, kw_only=True):
     max_stop_strings: int = 16          # stop strings per request (SamplingParams also allows at most 16)
     max_stop_length: int = 256          # characters per stop string
     max_sequences_per_call: int = 64    # sequences one client call may start (prompts × n)
-    scheduling_policy: str = "fcfs"     # fcfs | priority
+    scheduling_policy: str = "fcfs"     # fcfs | priority | fair (priority first, then tokens served per tenant)
     stream_capacity: int = 64
     consumer_timeout_s: float = 60.0    # a stream whose consumer lags this long is aborted
     tokenizer: str = "auto"
@@ -86,8 +86,8 @@ class KernelConfig(msgspec.Struct, kw_only=True):
         for cap in ("max_messages", "max_tools", "max_stop_strings", "max_stop_length", "max_sequences_per_call"):
             if getattr(self, cap) < 1:
                 raise ConfigError(f"{cap} must be >= 1, got {getattr(self, cap)}")
-        if self.scheduling_policy not in ("fcfs", "priority"):
-            raise ConfigError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
+        if self.scheduling_policy not in ("fcfs", "priority", "fair"):
+            raise ConfigError(f"scheduling_policy must be fcfs, priority or fair, got {self.scheduling_policy!r}")
         if self.max_loras < 1 or self.max_lora_rank < 1 or (self.max_cpu_loras is not None and self.max_cpu_loras < 1):
             raise ConfigError(f"max_loras, max_lora_rank and max_cpu_loras must be >= 1, got {self.max_loras}, "
                               f"{self.max_lora_rank}, {self.max_cpu_loras}")

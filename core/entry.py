@@ -21,11 +21,12 @@ from modelcall.core.admission import admit_chat, check_policy
 from modelcall.core.caps import check_caps
 from modelcall.core.context import message_text
 from modelcall.core.errors import (
-    ContentBlocked, ContextOverflow, InvalidRequest, ModelcallError, Overloaded, Unauthenticated, Unavailable,
+    ContentBlocked, ContextOverflow, InvalidRequest, ModelcallError, ModelNotFound, Overloaded, Unauthenticated,
+    Unavailable,
 )
 from modelcall.core.metering import Admission, Caller, Exchange, tool_names
 from modelcall.core.params import SamplingParams
-from modelcall.core.permissions import cache_salt, check_model, check_tools, effective_priority
+from modelcall.core.permissions import cache_salt, check_lora, check_model, check_tools, effective_priority
 from modelcall.core.prompt import INLINE_ENCODE_CHARS, chat_token_ids, prompt_token_ids_of, resolve_max_tokens
 from modelcall.core.safety import check_input
 from modelcall.core.submit import Choice, GenerateRequest
@@ -70,6 +71,7 @@ class Entered(msgspec.Struct, kw_only=True):
     context: dict[str, Any] | None = None
     prepared: Any = None  # the tool-call parser stream and constraint processors (core/tools/support.py)
     pooling: Any = None   # a pooling request's PoolingPlan (core/pooling.py)
+    lora: Any = None      # the LoRA adapter it runs on (core.lora.LoraRef), None: the base model
 
 
 class Entry:
@@ -102,6 +104,7 @@ class Entry:
             await self._filter_input(inp, ids)
             step = "permissions"
             priority, salt = self._permissions(inp, caller)
+            lora = await self._lora(inp, caller)
             step = "tools"  # parsers and constraints, after permissions: a forbidden tool compiles nothing
             prepared = await self._prepare_tools(inp)
             step = "quota"
@@ -115,7 +118,7 @@ class Entry:
             inp.exchange.sequences += inp.sequences
         return Entered(ids=ids, max_tokens=max_tokens, params=params, priority=priority, cache_salt=salt,
                        caller=caller, task_id=inp.task_id, retries=inp.retries, parts=parts, context=context,
-                       prepared=prepared, pooling=pooling)
+                       prepared=prepared, pooling=pooling, lora=lora)
 
     async def count(self, inp: EntryInput) -> int:
         """The prompt's token count, through the same steps as a request (no budget, no admission)."""
@@ -271,6 +274,20 @@ class Entry:
         check_model(caller, self.kernel.model_names)
         check_tools(caller, tool_names(inp.request.tools))
         return effective_priority(caller, inp.request.priority), cache_salt(caller, inp.request.cache_salt)
+
+    async def _lora(self, inp: EntryInput, caller: Caller | None) -> Any:
+        """The request's adapter: served here (404), usable by the caller (403), its weights loaded (a worker
+        thread reads them if they were evicted, so the step does not)."""
+        name = inp.request.lora
+        if name is None:
+            return None
+        catalog = self.kernel.loras
+        if catalog is None or catalog.ref(name) is None:
+            raise ModelNotFound(f"the model {name!r} does not exist (no LoRA adapter of that name is served)")
+        check_lora(caller, name)
+        if inp.request.pooling is not None:
+            raise InvalidRequest("a pooling request runs on the base model, not on a LoRA adapter", field="model")
+        return await anyio.to_thread.run_sync(catalog.acquire, name)
 
     async def _prepare_tools(self, inp: EntryInput) -> Any:
         k = self.kernel

@@ -288,6 +288,7 @@ class Kernel(Submitting):
                       | self.tokenizer.eos_token_ids)
         req.fork_of, req.num_forks = choice.fork_of, choice.forks
         req.pooling = e.pooling
+        req.lora = e.lora
         output = self.output_stage.open(req, tool_stream=prepared.stream if prepared is not None else None,
                                         chat=r.messages is not None or choice.chat,
                                         chat_template_kwargs=r.chat_template_kwargs)

@@ -38,6 +38,17 @@ class Caller(msgspec.Struct, frozen=True, kw_only=True):
     cache_group: str | None = None
     expires_at: float | None = None
     weight: float = 1.0
+    # LoRA adapters (docs/lora.md): `loras` the ones it may use (None: any not private to another key), `hidden_loras`
+    # those private to other keys (never listed to it, never usable by it), `admin`: it may load and unload adapters
+    # at run time when the operator enabled that.
+    loras: frozenset[str] | None = None
+    hidden_loras: frozenset[str] = frozenset()
+    admin: bool = False
+
+    def may_use_lora(self, name: str) -> bool:
+        if name in self.hidden_loras:
+            return False
+        return self.loras is None or name in self.loras or "*" in self.loras
 
     def may_use_model(self, model: str) -> bool:
         return self.models is None or model in self.models or "*" in self.models

@@ -59,6 +59,11 @@ class WaitingQueue(Protocol):
     The built-in scheduler admits the head (`peek`) while it fits, then `pop`s it; a head that does
     not fit blocks the ones behind it until blocks free up. The built-ins: arrival order (FCFS) and
     lowest `priority` first (priority), as `scheduling_policy` says.
+
+    Optional: a queue with a method `served(plan)` is handed each step's `SchedulePlan` once it is
+    built (a fair-share queue counts the tokens it serves per tenant); one with `victim(running)`
+    names the running request to preempt when blocks run out (`running`: request id -> Request).
+    Both run once per step or per preemption: keep them O(batch).
     """
 
     def push(self, request: Request) -> None:

@@ -70,6 +70,9 @@ class Request:
         # rows so far by the position they start at (a recompute after preemption overwrites them).
         self.pooling: Any = None
         self.pooled: dict[int, Any] = {}
+        # The LoRA adapter the request runs on (core.lora.LoraRef: its name and load key), None: the base model.
+        # Its key is part of the prefix-cache root, so no block is shared across adapters.
+        self.lora: Any = None
 
     @property
     def num_tokens(self) -> int:

@@ -71,6 +71,9 @@ class GenerateRequest(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_u
     """"drop_oldest" lets a chat prompt over the window drop its oldest history (None: refuse it)."""
     retries: int = 0
     """How many times the client says it retried this call (recorded)."""
+    lora: str | None = None
+    """The LoRA adapter to run on, by its served name (`Kernel.loras`); None: the base model. Its key decides
+    which adapters the caller may use (403 otherwise); an unknown name is a 404."""
     pooling: PoolingParams | None = None
     """A pooling request (embeddings): no tokens are generated; the prompt is prefilled like any other
     and the request finishes at its end with a `Pooled` event (its vector). A text prompt is encoded
@@ -140,6 +143,11 @@ class Submitting:
     def model_names(self) -> tuple[str, ...]:
         """Every name of the served model (a request, or a key's model allowlist, may name any of them)."""
         return (self.model_name, *self.model_aliases)
+
+    @property
+    def loras(self) -> Any:
+        """The LoRA adapters served on the model (a core.lora.LoraCatalog: the runner's), None: LoRA is off."""
+        return getattr(getattr(self, "runner", None), "loras", None)
 
     async def submit_choice(self, request: GenerateRequest, exchange: Exchange | None = None,
                             choice: Choice = Choice()) -> RequestHandle:

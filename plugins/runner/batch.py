@@ -62,6 +62,10 @@ class StepBatch:
     group_slot_mapping: list[torch.Tensor] = field(default_factory=list)
     group_paged_slots: list[torch.Tensor | None] = field(default_factory=list)
     scratch: dict = field(default_factory=dict)  # per-step tensors shared by every layer, built lazily
+    # Each plan chunk's last flat row (None: chunk i is row i, a decode step), and the step's LoRA rows by adapter
+    # (lora_delta.step_groups; None: no row runs on an adapter, the fast decode paths may be taken).
+    last_rows: list[int] | None = None
+    lora: Any = None
 
 
 def build_step(plan: SchedulePlan, block_size: int, device: torch.device, num_groups: int = 1,
@@ -99,6 +103,7 @@ def _build(plan: SchedulePlan, block_size: int, device: torch.device, num_groups
         num_sampled=len(sampled),
         num_paged=0,
     )
+    batch.last_rows = rows.last_row
     if rows.prompt_rows:
         batch.prompt_rows = _longs(rows.prompt_rows).to(device)
         batch.prompt_targets = rows.prompt_targets

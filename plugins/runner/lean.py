@@ -154,7 +154,10 @@ class LeanStack:
         fused_ops.add_rmsnorm(None, h, x, self.layers[0].norm1, eps)
         last = len(self.layers) - 1
         heads = (nq, nkv, nkv)
-        plain = self.plain if self.plain is not None and self.plain.prepare(step, pos, tokens, h.dtype) else None
+        # NOTE: a step with LoRA rows (step.lora) takes neither the one-call attention nor the all-layers C stack: the
+        # stack runs every projection in C, past the adapters' deltas (plugins/runner/lora_runner.py)
+        plain = (self.plain if self.plain is not None and step.lora is None
+                 and self.plain.prepare(step, pos, tokens, h.dtype) else None)
         if plain is not None and self.cstack is not None and tokens <= quant.dense_from_tokens(h.dtype):
             self.cstack.run(h, x)   # every layer in one C call: the loop below, over quantized weights
             return x

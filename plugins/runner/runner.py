@@ -14,7 +14,8 @@ from modelcall.core import ConfigError, KernelConfig, SchedulePlan, StepOutput
 from modelcall.core.plan import kv_groups
 from modelcall.core.stages import Sampler
 from modelcall.plugins.runner import (
-    attention, cpu_kernel, cuda_graphs, gguf_file, gguf_weights, heap, lean, omp_team, quant_load, quant_repack,
+    attention, cpu_kernel, cuda_graphs, gguf_file, gguf_weights, heap, lean, lora_runner, omp_team, quant_load,
+    quant_repack,
 )
 from modelcall.plugins.runner.batch import DecodeState, StepBatch, build_step
 from modelcall.plugins.runner.loader import (
@@ -106,6 +107,11 @@ class TorchModelRunner:
             self.lean = lean.build(model, self.base, hf_config, self.spec.layer_windows, runner_cfg.get("lean", "auto"),
                                    runner_cfg.get("lean_epilogues", "auto"), runner_cfg.get("lean_plain_decode", "auto"),
                                    runner_cfg.get("lean_decode_stack", "auto"))
+        # LoRA adapters on this base model (plugins/runner/lora_runner.py); None: LoRA off (the kernel's catalog: loras)
+        self.lora: lora_runner.RunnerLora | None = None
+        if config.lora_enabled:
+            self.lora = lora_runner.RunnerLora(model, self.base, self.lean, config, p.dtype, p.device)
+        self.loras = self.lora.registry if self.lora is not None else None
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_size = 0
         self.decode_state = DecodeState()   # consecutive decode steps of the same requests: updated, not rebuilt
@@ -231,7 +237,8 @@ class TorchModelRunner:
         if not self.kv:
             raise RuntimeError("allocate_kv_cache() must be called before execute()")
         with torch.inference_mode():
-            if self.graphs is not None and self.graphs.supports(plan, len(self.groups)):   # decode: static batches
+            if self.graphs is not None and self.graphs.supports(plan, len(self.groups)) and not (
+                    self.lora is not None and lora_runner.plan_has_lora(plan)):   # decode: static batches
                 return self.graphs.logits(plan)
             step = build_step(plan, self.block_size, self.placement.device, len(self.groups), self.decode_state)
             step.kv = self.kv
@@ -240,7 +247,13 @@ class TorchModelRunner:
                 step.scratch.update(attention_backend=self.attention_backend, block_size=self.block_size)
             if len(self.groups) > 1:
                 step.scratch["layer_group"] = self.layer_group
-            hidden = self._forward(step)
+            if self.lora is not None:
+                self.lora.begin(plan, step)
+            try:
+                hidden = self._forward(step)
+            finally:
+                if self.lora is not None:
+                    self.lora.end()
             if scored is not None and step.prompt_rows is not None:
                 scored.extend(self._score_prompt(hidden, step))
             if pooled is not None and step.pool_spans:

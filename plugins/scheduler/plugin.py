@@ -15,8 +15,8 @@ from modelcall.plugins.scheduler.scheduler import DefaultScheduler
 
 @hookimpl(trylast=True)
 def provide_waiting_queue(config: Any) -> WaitingQueue | None:
-    if not config.wants("waiting_queue", "default"):
-        return None
+    if not config.wants("waiting_queue", "default") or config.scheduling_policy == "fair":
+        return None  # fair: the fair_share plugin's queue
     return make_waiting_queue(config.scheduling_policy)
 
 

@@ -72,6 +72,9 @@ class DefaultScheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.watermark_blocks = int(watermark * kv.num_blocks)
         self.waiting = waiting if waiting is not None else make_waiting_queue(policy)
+        # Optional methods of a waiting queue (core/policies.py): told each step's plan, naming the victim.
+        self._served = getattr(self.waiting, "served", None)
+        self._victim_of = getattr(self.waiting, "victim", None)
         self.running: dict[str, Request] = {}  # in the order they were (re)admitted
         # n > 1: requests sharing a prompt with a request not yet past its prefill, by that request's
         # id; they are forked from its prefill (see _fork) rather than computing the prompt again.
@@ -108,7 +111,10 @@ class DefaultScheduler:
             self._schedule_waiting(step)
         if self.forks:
             self._fork(step)
-        return step.done()
+        plan = step.done()
+        if self._served is not None:
+            self._served(plan)
+        return plan
 
     def finish(self, request: Request) -> None:
         if (self.running.pop(request.request_id, None) is None and not self.waiting.remove(request)
@@ -202,11 +208,15 @@ class DefaultScheduler:
     def _allocate_or_preempt(self, request: Request, num_new: int, step: _Step) -> bool:
         """Grow `request`'s blocks, preempting victims until they fit; False when it was the victim."""
         while not self.kv.allocate(request, num_new):
-            victim = pick_victim(self.policy, self.running)
+            victim = self._victim()
             self._preempt(victim, step)
             if victim is request:
                 return False
         return True
+
+    def _victim(self) -> Request:
+        """The running request to preempt: the waiting queue's choice when it makes one, else the policy's."""
+        return self._victim_of(self.running) if self._victim_of is not None else pick_victim(self.policy, self.running)
 
     def _preempt(self, request: Request, step: _Step) -> None:
         """Recompute later: drop its blocks (its cached full blocks stay findable) and requeue it."""
@@ -230,11 +240,17 @@ class DefaultScheduler:
                 break  # head-of-line: later requests wait their turn too
 
     def _preempt_for(self, head: Request, step: _Step) -> bool:
-        """Priority only: make room for a waiting request more urgent than the least urgent running one."""
-        if self.policy != "priority" or not self.running:
+        """Priority (and fair, which is priority first): make room for a waiting request more urgent
+        than the least urgent running one. Fair compares priority alone: within a level its order is
+        the tenants' counters, so a victim of the same level could be requeued ahead of `head`, and
+        the two would preempt each other forever."""
+        if self.policy not in ("priority", "fair") or not self.running:
             return False
-        victim = pick_victim(self.policy, self.running)
-        if (victim.priority, victim.arrival) <= (head.priority, head.arrival):
+        victim = self._victim()
+        if self.policy == "fair":
+            if victim.priority <= head.priority:
+                return False
+        elif (victim.priority, victim.arrival) <= (head.priority, head.arrival):
             return False
         self._preempt(victim, step)
         return True

@@ -1,0 +1,122 @@
+"""Multi-LoRA output parity: adapters built by PEFT itself on a tiny checkpoint, served together on one base model.
+
+For every adapter (and the base), the greedy output through the kernel equals transformers' `generate` on PEFT's
+`merge_and_unload()` model, fp32, while requests of 4 adapters and the base share steps under chunked prefill,
+prefix-cache hits and preemption; through transformers' modules and through the lean stack. The prefix cache
+never shares blocks across adapters.
+"""
+from __future__ import annotations
+
+import random
+
+import anyio
+import pytest
+
+from family_models import build_family
+from kv_invariants import check_whole
+from lora_adapters import ADAPTERS, build_adapters, reference_outputs
+from modelcall.core import Kernel
+from modelcall.events import Preempted
+
+pytestmark = pytest.mark.anyio
+
+MAX_TOKENS = 8
+_rng = random.Random(39)
+_PREFIX = [_rng.randrange(10, 2048) for _ in range(20)]   # five full blocks of 4: prefix-cache hits
+PROMPTS = [_PREFIX + [_rng.randrange(10, 2048) for _ in range(_rng.randrange(1, 9))] for _ in range(2)] + [
+    [_rng.randrange(10, 2048) for _ in range(_rng.randrange(3, 30))]]
+NAMES = [None, *ADAPTERS]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, demo_model_dir) -> tuple[str, dict[str, str], dict]:
+    """(base dir, adapter dirs, reference continuations by adapter name (None: the base) and prompt)."""
+    root = tmp_path_factory.mktemp("lora")
+    base = build_family("llama3", str(root / "base"), demo_model_dir)
+    adapters = build_adapters(base, str(root))
+    refs = {name: reference_outputs(base, adapters.get(name), PROMPTS, MAX_TOKENS) for name in NAMES}
+    for name in ADAPTERS:   # every adapter changes the output, or the comparison would prove nothing
+        assert refs[name] != refs[None], name
+    return base, adapters, refs
+
+
+async def _run_all(kernel: Kernel, jobs: list[tuple[str | None, int]]) -> dict[tuple[str | None, int], object]:
+    results: dict[tuple[str | None, int], object] = {}
+
+    async def one(name: str | None, i: int) -> None:
+        results[(name, i)] = await kernel.complete(prompt_token_ids=PROMPTS[i], lora=name, max_tokens=MAX_TOKENS,
+                                                   temperature=0, ignore_eos=True)
+
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as tg:
+            for name, i in jobs:
+                tg.start_soon(one, name, i)
+    return results
+
+
+@pytest.mark.parametrize("lean", [False, True], ids=["hf_modules", "lean_stack"])
+async def test_mixed_adapter_batches_equal_peft_merged_generate(served, lean, make_kernel, events):
+    base, adapters, refs = served
+    # 40 blocks of 4 hold the 5 cached prefixes, or about four requests (the longest is 28 + 8 tokens): the second
+    # wave waits or is preempted; a 12-token step budget cuts every prompt into chunks
+    async with make_kernel(model=base, dtype="float32", block_size=4, num_kv_blocks=40, max_num_batched_tokens=12,
+                           lora_modules=adapters, plugin_config={"runner": {"lean": lean}}) as kernel:
+        mixes = _record_mixes(kernel)
+        first = await _run_all(kernel, [(name, 0) for name in NAMES])   # each adapter's prefix into the cache
+        rest = await _run_all(kernel, [(name, i) for i in (1, 2) for name in NAMES])
+        check_whole(kernel.kv)
+    done = first | rest
+    for (name, i), result in sorted(done.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+        assert result.token_ids == refs[name][i], f"adapter {name}, prompt {i}"
+    assert sum(1 for name in NAMES if done[(name, 1)].usage.cached_tokens) >= 3, "few prefix-cache hits"
+    assert events.of(Preempted), "the pool was meant to force preemption"
+    assert max(mixes) == (4, True), "no step mixed the 4 adapters and the base"
+
+
+def _record_mixes(kernel: Kernel) -> list[tuple[int, bool]]:
+    """Per step of `kernel`'s runner: (adapters among its rows, whether base-model rows were there too)."""
+    lora = kernel.runner.lora
+    begin, mixes = lora.begin, []
+
+    def recording(plan, step):
+        begin(plan, step)
+        mixes.append((len(lora.ctx.groups), any(c.request.lora is None for c in plan.chunks)))
+
+    lora.begin = recording
+    return mixes
+
+
+async def test_a_prefix_is_never_shared_across_adapters(served, make_kernel):
+    base, adapters, _ = served
+    prompt = _PREFIX * 2
+    async with make_kernel(model=base, dtype="float32", block_size=4, lora_modules=adapters) as kernel:
+        async def cached(name: str | None) -> int:
+            done = await kernel.complete(prompt_token_ids=prompt, lora=name, max_tokens=1, temperature=0)
+            return done.usage.cached_tokens
+
+        assert await cached("qv8") == 0
+        assert await cached("all16") == 0       # the same prompt on another adapter: nothing cached
+        assert await cached(None) == 0          # nor on the base model
+        assert await cached("qv8") == 36        # on the first one again: its 9 full blocks before the last token
+        assert await cached("all16") == 36
+
+
+async def test_a_wrong_scale_is_caught(served, make_kernel, monkeypatch):
+    """The deliberate break the parity test exists for: one adapter's scale off by 10% changes its output."""
+    from modelcall.plugins.runner import lora_weights
+
+    base, adapters, refs = served
+    real = lora_weights.read_adapter
+
+    def off_scale(name, *args, **kwargs):
+        w = real(name, *args, **kwargs)
+        if name == "all16":
+            w.pairs = {k: (a, b * 1.1) for k, (a, b) in w.pairs.items()}
+        return w
+
+    monkeypatch.setattr(lora_weights, "read_adapter", off_scale)
+    monkeypatch.setattr("modelcall.plugins.runner.lora_registry.read_adapter", off_scale)
+    async with make_kernel(model=base, dtype="float32", lora_modules=adapters) as kernel:
+        done = await _run_all(kernel, [(name, i) for name in ("all16", "qv8") for i in range(len(PROMPTS))])
+    assert [done[("all16", i)].token_ids for i in range(len(PROMPTS))] != refs["all16"]
+    assert [done[("qv8", i)].token_ids for i in range(len(PROMPTS))] == refs["qv8"]
