@@ -13,6 +13,9 @@
     expires_at = 2027-01-01T00:00:00Z   # refused from then on (a TOML datetime; no offset: UTC)
     disabled = false                # `modelcall keys revoke NAME` sets it; a server reloads a changed file within a second
     weight = 1.0                    # its share under `--scheduling fair` (2.0: twice the tokens of a 1.0 key when both wait)
+    loras = ["support-v2"]          # the LoRA adapters it may use (omit: any not private to another key)
+    private_loras = ["support-v2"]  # adapters private to this key: never listed to, nor usable by, another key
+    permissions = ["admin"]         # admin: may load and unload LoRA adapters when the server allows runtime updates
 """
 from __future__ import annotations
 
@@ -55,6 +58,9 @@ class KeyEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     expires_at: dt.datetime | None = None
     disabled: bool = False
     weight: float = 1.0
+    loras: list[str] | None = None
+    private_loras: list[str] = []
+    permissions: list[str] = []
 
     @property
     def expires_ts(self) -> float | None:
@@ -75,6 +81,24 @@ class KeyFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     keys: list[KeyEntry] = []
 
 
+PERMISSIONS = ("admin",)
+
+
+def _private_owners(entries: list[KeyEntry]) -> dict[str, str]:
+    """LoRA adapter -> the one key it is private to; an adapter private to two keys, or an unknown permission, is
+    a configuration error."""
+    owners: dict[str, str] = {}
+    for e in entries:
+        bad = sorted(set(e.permissions) - set(PERMISSIONS))
+        if bad:
+            raise ConfigError(f"API key {e.name!r}: unknown permission(s) {bad}; known: {list(PERMISSIONS)}")
+        for name in e.private_loras:
+            if owners.setdefault(name, e.name) != e.name:
+                raise ConfigError(f"LoRA adapter {name!r} is private to two keys ({owners[name]!r}, {e.name!r}); "
+                                  "an adapter is private to one key (share it with a loras list instead)")
+    return owners
+
+
 def digest_of(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
@@ -92,6 +116,7 @@ class KeyStore:
         self.entries = list(entries)
         self._keys: list[tuple[bytes, Caller, KeyEntry]] = []
         seen: set[str] = set()
+        private = _private_owners(entries)
         for e in entries:
             if e.name in seen:
                 raise ConfigError(f"API key name {e.name!r} appears twice; names must be unique")
@@ -112,7 +137,10 @@ class KeyStore:
                             models=frozenset(e.models) if e.models is not None else None,
                             tools=frozenset(e.tools) if e.tools is not None else None,
                             limits=Limits(rpm=e.rpm, tpm=e.tpm, daily_tokens=e.daily_tokens),
-                            cache_group=e.cache_group, expires_at=e.expires_ts)
+                            cache_group=e.cache_group, expires_at=e.expires_ts,
+                            loras=frozenset(e.loras) if e.loras is not None else None,
+                            hidden_loras=frozenset(n for n, owner in private.items() if owner != e.name),
+                            admin="admin" in e.permissions)
             self._keys.append((digest, caller, e))
 
     @classmethod
