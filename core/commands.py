@@ -65,6 +65,14 @@ def add_kernel_options(parser: argparse.ArgumentParser) -> None:
                    help=f"memory for the KV cache (default: {d.kv_cache_memory_gb})")
     g.add_argument("--num-kv-blocks", type=_positive_int, metavar="N", help="KV blocks (overrides --kv-cache-gb)")
     g.add_argument("--no-prefix-caching", action="store_true", help="do not reuse KV blocks of common prefixes")
+    g.add_argument("--kv-cache-host-gb", type=_positive_float, metavar="GB",
+                   help="host RAM for KV blocks evicted from the pool, read back on a prefix hit (default: off)")
+    g.add_argument("--kv-cache-dir", metavar="DIR",
+                   help="keep prefix-cache blocks in DIR across evictions and restarts (docs/kv-cache.md; default: off)")
+    g.add_argument("--kv-cache-disk-gb", type=_positive_float, metavar="GB",
+                   help=f"bound of --kv-cache-dir for this model, least recently used out first (default: {d.kv_cache_disk_gb})")
+    g.add_argument("--kv-cache-fsync", choices=["never", "always"],
+                   help="fsync each block file written to --kv-cache-dir (default: never; a checksum catches torn files)")
     g.add_argument("--max-num-seqs", type=_positive_int, metavar="N",
                    help=f"requests computed per step (default: {d.max_num_seqs})")
     g.add_argument("--max-num-batched-tokens", type=_positive_int, metavar="N",
@@ -105,7 +113,9 @@ _FIELDS = {"model": "model", "gguf_file": "gguf_file", "quantization": "quantiza
            "max_num_batched_tokens": "max_num_batched_tokens", "max_queued": "max_queued",
            "scheduling_policy": "scheduling_policy", "max_messages": "max_messages", "max_tools": "max_tools",
            "max_stop_strings": "max_stop_strings", "max_stop_length": "max_stop_length",
-           "max_sequences_per_call": "max_sequences_per_call", "async_scheduling": "async_scheduling"}
+           "max_sequences_per_call": "max_sequences_per_call", "async_scheduling": "async_scheduling",
+           "kv_cache_host_gb": "kv_cache_host_gb", "kv_cache_dir": "kv_cache_dir", "kv_cache_disk_gb": "kv_cache_disk_gb",
+           "kv_cache_fsync": "kv_cache_fsync"}
 
 
 def config_from_args(args: argparse.Namespace, **overrides: Any) -> KernelConfig:

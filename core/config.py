@@ -35,6 +35,12 @@ class KernelConfig(msgspec.Struct, kw_only=True):
     num_kv_blocks: int | None = None    # None: sized from kv_cache_memory_gb
     kv_cache_memory_gb: float = 1.0
     enable_prefix_caching: bool = True
+    # KV tiers behind the pool (docs/kv-cache.md): host RAM for evicted blocks, then a directory that outlives the
+    # process (one file per block, checked against the model's fingerprint before any is loaded); off by default.
+    kv_cache_host_gb: float = 0.0
+    kv_cache_dir: str | None = None
+    kv_cache_disk_gb: float = 16.0      # the directory's bound for this model: least recently used blocks go first
+    kv_cache_fsync: str = "never"       # never | always (fsync each block file and the folder; see docs/kv-cache.md)
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048  # token budget of one step, shared by decodes and prefill chunks
     max_queued: int = 1024

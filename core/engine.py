@@ -452,7 +452,8 @@ class Engine:
         output = rec.output
         shared = req.fork_of is not None  # a choice of n: its prompt is charged to the request it shares it with
         usage = Usage(prompt_tokens=0 if shared else req.num_prompt_tokens, cached_tokens=0 if shared else req.num_cached_tokens,
-                      completion_tokens=req.num_output_tokens, reasoning_tokens=output.reasoning_tokens)
+                      completion_tokens=req.num_output_tokens, reasoning_tokens=output.reasoning_tokens,
+                      cached_disk_tokens=0 if shared else req.num_cached_disk_tokens)
         timings = Timings(received=rec.received, admitted=rec.admitted, scheduled=rec.scheduled,
                           first_token=rec.first_token, last_token=rec.last_token, finished=t)
         drafted, accepted = self.speculator.acceptance(req) if self.speculator is not None else (0, 0)

@@ -41,6 +41,7 @@ class Request:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0      # of the prompt, from the prefix cache, at first scheduling
+        self.num_cached_disk_tokens = 0  # of num_cached_tokens, read back from the disk KV tier
         self.block_table: list[int] = []
         self.block_hashes: list[Any] = []  # the KV policy's hash of each full block, in order
         self.status = Status.WAITING

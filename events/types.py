@@ -20,13 +20,15 @@ class Usage(msgspec.Struct, frozen=True, gc=False):
 
     `cached_tokens` is the part of `prompt_tokens` read from the prefix cache (not computed);
     `reasoning_tokens` is the part of `completion_tokens` spent inside reasoning blocks.
-    Neither is added on top of the total it belongs to.
+    `cached_disk_tokens` is the part of `cached_tokens` read back from the disk KV tier (docs/kv-cache.md).
+    None is added on top of the total it belongs to.
     """
 
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
     reasoning_tokens: int = 0
+    cached_disk_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

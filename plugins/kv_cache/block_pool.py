@@ -9,7 +9,7 @@ prefix stays findable until its block is reused.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from modelcall.plugins.kv_cache.free_queue import FreeQueue, LRUFreeQueue
 
@@ -31,6 +31,8 @@ class BlockPool:
             raise ValueError(f"the free queue must start with all {num_blocks} blocks, has {len(self.free)}")
         self.num_evictions = 0
         self._on_hit = getattr(self.free, "hit", None)  # optional: told of every prefix-cache hit
+        # Optional (the KV tiers): on_evict(block, key) just before the pool reuses the block that holds `key`.
+        self.on_evict: Callable[[int, bytes], None] | None = None
 
     def num_free(self) -> int:
         return len(self.free)
@@ -105,5 +107,7 @@ class BlockPool:
             return
         self.block_hash[block] = None
         if self.cached.get(key) == block:
+            if self.on_evict is not None:
+                self.on_evict(block, key)
             del self.cached[key]
             self.num_evictions += 1

@@ -36,3 +36,22 @@ def group_windows(spec: Any) -> tuple[int, ...]:
 @hookimpl(trylast=True, specname="provide_kv_cache")
 def _provide_kv_cache_hook(config: Any, spec: Any, num_blocks: int, eviction_policy: Any) -> PagedKVCache | None:
     return provide_kv_cache(config, spec, num_blocks, eviction_policy)
+
+
+@hookimpl
+def startup(kernel: Any) -> None:
+    """Put the host-RAM and disk tiers behind the built-in pool when the configuration asks for them."""
+    from modelcall.plugins.kv_cache.tier_setup import tiers_for
+    kv = getattr(kernel, "kv", None)
+    if isinstance(kv, PagedKVCache) and kv.tiers is None:
+        tiers = tiers_for(kernel.config, kernel.spec, kernel.runner, kernel.model_dir)
+        if tiers is not None:
+            kv.attach_tiers(tiers)
+
+
+@hookimpl
+def shutdown(kernel: Any) -> None:
+    """Write out what the disk tier still has queued (a graceful stop keeps every committed block)."""
+    kv = getattr(kernel, "kv", None)
+    if isinstance(kv, PagedKVCache) and kv.tiers is not None:
+        kv.tiers.close()

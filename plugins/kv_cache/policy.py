@@ -1,11 +1,15 @@
 """`PagedKVCache`: the built-in `KVCachePolicy` — block tables, prefix matching and committing full blocks."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from modelcall.core.plan import GROUP_TABLES
 from modelcall.core.request import Request
 from modelcall.plugins.kv_cache.block_pool import BlockPool
 from modelcall.plugins.kv_cache.free_queue import FreeQueue
 from modelcall.plugins.kv_cache.hashing import extend_block_hashes
+from modelcall.plugins.kv_cache.tiered_match import match_with_tiers
+from modelcall.plugins.kv_cache.tiers import KVTiers
 
 RELEASED = -1  # a block-table entry whose block went back to the pool (out of its layers' window)
 
@@ -41,6 +45,7 @@ class PagedKVCache:
         self.pool = BlockPool(num_blocks, free_queue)
         self.num_queries = 0  # tokens looked up by match_prefix
         self.num_hits = 0     # tokens found
+        self.tiers: KVTiers | None = None   # host RAM and disk behind the pool (attach_tiers); None: the pool only
 
     @property
     def window(self) -> int:
@@ -71,28 +76,63 @@ class PagedKVCache:
         # new request that is the last prompt token; after preemption, the last output token.
         max_blocks = (request.num_tokens - 1) // self.block_size
         hashes = extend_block_hashes(request, max_blocks, self.block_size, self.identity)
-        # NOTE: a hit of k blocks needs, from a full group, blocks 0..k-1; from a sliding group only the
-        # ones the next query (position k * block_size) still sees: the others may be long reused.
         lookup = self.pool.lookup
-        full = [g for g, w in enumerate(self.group_windows) if not w]
-        for g in full:
-            k = 0
-            while k < max_blocks and lookup(self._key(g, hashes[k])) is not None:
-                k += 1
-            max_blocks = k
-        sliding = [(g, w) for g, w in enumerate(self.group_windows) if w]
-        while max_blocks > 0 and not all(lookup(self._key(g, hashes[i])) is not None for g, w in sliding
-                                         for i in range(self._first_seen(max_blocks, w), max_blocks)):
-            max_blocks -= 1   # every sliding group's window blocks, for one and the same k
-        for g, (w, table) in enumerate(zip(self.group_windows, self.tables(request))):
-            first = self._first_seen(max_blocks, w) if w else 0
-            hits = [lookup(self._key(g, hashes[i])) for i in range(first, max_blocks)]
-            self.pool.touch(hits)
-            table[:] = [RELEASED] * first + hits
+        if self.tiers is None:
+            max_blocks = self.longest_match(hashes, max_blocks, lambda key: lookup(key) is not None)
+            for g, (w, table) in enumerate(zip(self.group_windows, self.tables(request))):
+                first = self._first_seen(max_blocks, w) if w else 0
+                hits = [lookup(self._key(g, hashes[i])) for i in range(first, max_blocks)]
+                self.pool.touch(hits)
+                table[:] = [RELEASED] * first + hits
+            disk_tokens = 0
+        else:
+            max_blocks, disk_blocks = match_with_tiers(self, self.tiers, request, hashes, max_blocks)
+            disk_tokens = disk_blocks * self.block_size
+        if not request.scheduled_once:   # usage counts the first scheduling's hit (as num_cached_tokens)
+            request.num_cached_disk_tokens = disk_tokens
         num_hit_tokens = max_blocks * self.block_size
         self.num_queries += request.num_tokens
         self.num_hits += num_hit_tokens
         return num_hit_tokens
+
+    def longest_match(self, hashes: list[bytes], max_blocks: int, found: Callable[[bytes], bool]) -> int:
+        """The most leading blocks k <= max_blocks a request can take for which `found` holds every block
+        it needs: from a full group blocks 0..k-1; from a sliding group only the ones the next query
+        (position k * block_size) still sees, the others may be long reused."""
+        for g, w in enumerate(self.group_windows):
+            if not w:
+                k = 0
+                while k < max_blocks and found(self._key(g, hashes[k])):
+                    k += 1
+                max_blocks = k
+        sliding = [(g, w) for g, w in enumerate(self.group_windows) if w]
+        while max_blocks > 0 and not all(found(self._key(g, hashes[i])) for g, w in sliding
+                                         for i in range(self._first_seen(max_blocks, w), max_blocks)):
+            max_blocks -= 1   # every sliding group's window blocks, for one and the same k
+        return max_blocks
+
+    def needed_keys(self, hashes: list[bytes], num_blocks: int) -> list[tuple[int, int, bytes]]:
+        """(group, block index, key) of every block a hit of `num_blocks` blocks takes, group by group."""
+        out = []
+        for g, w in enumerate(self.group_windows):
+            first = self._first_seen(num_blocks, w) if w else 0
+            out.extend((g, i, self._key(g, hashes[i])) for i in range(first, num_blocks))
+        return out
+
+    def prefetch(self, request: Request) -> None:
+        """`request` just arrived: start reading from disk the blocks of its prefix the pool lacks, so they
+        are in memory when it is scheduled (the tiers only; without them nothing to do)."""
+        if self.tiers is None or not self.enable_prefix_caching or request.block_table:
+            return
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hashes = extend_block_hashes(request, max_blocks, self.block_size, self.identity)
+        lookup = self.pool.lookup
+        self.tiers.prefetch([key for _, _, key in self.needed_keys(hashes, max_blocks) if lookup(key) is None])
+
+    def attach_tiers(self, tiers: KVTiers) -> None:
+        """Put the host-RAM and disk tiers behind this pool (at start-up, before any request)."""
+        self.tiers = tiers
+        self.pool.on_evict = tiers.evicted
 
     def allocate(self, request: Request, num_new_tokens: int) -> bool:
         tables = self.tables(request)
@@ -125,7 +165,10 @@ class PagedKVCache:
             if hashes is None:
                 hashes = extend_block_hashes(request, num_full, self.block_size, self.identity)
             for i in range(first_new, num_full):
-                self.pool.cache(table[i], self._key(g, hashes[i]))
+                key = self._key(g, hashes[i])
+                self.pool.cache(table[i], key)
+                if self.tiers is not None and self.pool.cached[key] == table[i]:
+                    self.tiers.committed(table[i], key)
 
     def fork(self, parent: Request, child: Request, num_tokens: int) -> list[tuple[int, int]] | None:
         """Give `child` (holding no blocks) the K/V of `parent`'s first `num_tokens` tokens: the full
@@ -221,7 +264,10 @@ class PagedKVCache:
             "num_blocks": float(self.num_blocks),
             "num_cached_blocks": float(len(self.pool.cached)),
             "evictions": float(self.pool.num_evictions),
+            **(self.tiers.stats() if self.tiers is not None else {}),
         }
 
     def reset_prefix_cache(self) -> None:
         self.pool.forget_cached()
+        if self.tiers is not None:
+            self.tiers.clear()

@@ -95,6 +95,7 @@ class Recorder:
                        scheduled=self.wall(t.scheduled), first_token=self.wall(t.first_token),
                        last_token=self.wall(t.last_token), finished=self.wall(t.finished),
                        prompt_tokens=u.prompt_tokens, cached_tokens=u.cached_tokens,
+                       cached_disk_tokens=u.cached_disk_tokens,
                        completion_tokens=u.completion_tokens, reasoning_tokens=u.reasoning_tokens,
                        spec_draft_tokens=ev.spec_draft_tokens, spec_accepted_tokens=ev.spec_accepted_tokens)
             rows.append(_as_row(row))
@@ -138,5 +139,5 @@ class Recorder:
 def _as_row(row: dict[str, Any]) -> tuple:
     defaults = {"status": 200, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0,
                 "reasoning_tokens": 0, "retries": 0, "preemptions": 0, "tool_calls": 0, "dropped_messages": 0,
-                "spec_draft_tokens": 0, "spec_accepted_tokens": 0}
+                "spec_draft_tokens": 0, "spec_accepted_tokens": 0, "cached_disk_tokens": 0}
     return tuple(row.get(c, defaults.get(c)) for c in REQUEST_COLUMNS)

@@ -40,7 +40,8 @@ CREATE TABLE IF NOT EXISTS requests (
     dropped_messages  INTEGER NOT NULL DEFAULT 0,
     spec_draft_tokens    INTEGER NOT NULL DEFAULT 0,   -- speculative decoding: draft tokens verified
     spec_accepted_tokens INTEGER NOT NULL DEFAULT 0,   -- of which accepted
-    kind              TEXT                -- generate, embed or score (a pooling request); NULL: refused before admission
+    kind              TEXT,               -- generate, embed or score (a pooling request); NULL: refused before admission
+    cached_disk_tokens INTEGER NOT NULL DEFAULT 0   -- part of cached_tokens: read back from the disk KV tier
 );
 CREATE INDEX IF NOT EXISTS requests_task ON requests(task_id);
 CREATE INDEX IF NOT EXISTS requests_received ON requests(received);
@@ -64,10 +65,11 @@ REQUEST_COLUMNS = (
     "scheduled", "first_token", "last_token", "finished", "response_sent", "prompt_tokens", "cached_tokens",
     "completion_tokens", "reasoning_tokens", "max_tokens", "priority", "retries", "preemptions", "tool_calls",
     "prompt_parts", "dropped_messages", "spec_draft_tokens", "spec_accepted_tokens", "kind",
+    "cached_disk_tokens",
 )
 # Columns added after the first schema: (name, declaration), added to an older ledger when it is opened.
 ADDED_COLUMNS = (("spec_draft_tokens", "INTEGER NOT NULL DEFAULT 0"), ("spec_accepted_tokens", "INTEGER NOT NULL DEFAULT 0"),
-                 ("kind", "TEXT"))
+                 ("kind", "TEXT"), ("cached_disk_tokens", "INTEGER NOT NULL DEFAULT 0"))
 
 
 def default_path() -> Path:

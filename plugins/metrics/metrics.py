@@ -49,6 +49,8 @@ class KernelMetrics:
                                  "prompt_tokens.", [*m, "kind"], registry=r)
         self.c_cached = Counter(P + "cached_prompt_tokens", "Prompt tokens read from the prefix cache.", m,
                                 registry=r)
+        self.c_cached_disk = Counter(P + "cached_prompt_tokens_disk", "Of cached_prompt_tokens, those read back "
+                                     "from the disk KV tier.", m, registry=r)
         self.c_success = Counter(P + "request_success", "Finished requests by finish reason.",
                                  [*m, "finished_reason"], registry=r)
         self.c_preempt = Counter(P + "num_preemptions", "Requests preempted (recomputed later).", m, registry=r)
@@ -68,6 +70,7 @@ class KernelMetrics:
         self.queue, self.prefill, self.decode = (h.labels(model) for h in (self.h_queue, self.h_prefill, self.h_decode))
         self.prompt, self.gen, self.cached = (c.labels(model) for c in (self.c_prompt, self.c_gen, self.c_cached))
         self.preempt = self.c_preempt.labels(model)
+        self.cached_disk = self.c_cached_disk.labels(model)
         self.by_kind = {kind: self.c_by_kind.labels(model, kind) for kind in KINDS}
         self.success = {reason: self.c_success.labels(model, reason) for reason in REASONS}
 
@@ -105,6 +108,8 @@ class KernelMetrics:
         self.prompt.inc(u.prompt_tokens)
         self.gen.inc(u.completion_tokens)
         self.cached.inc(u.cached_tokens)
+        if u.cached_disk_tokens:
+            self.cached_disk.inc(u.cached_disk_tokens)
         child = self.success.get(ev.reason)
         if child is None:
             child = self.success[ev.reason] = self.c_success.labels(self.model, ev.reason)
@@ -174,6 +179,7 @@ class _KernelCollector:
             errors.add_metric([*model, f"{label}:inline"], float(n))
         yield drops
         yield errors
+        yield from _kv_tier_families(kv, model)
         spec = getattr(kernel, "speculator", None)
         if spec is not None:   # vLLM's spec_decode counters, read from the speculator's totals
             for name, doc, value in (
@@ -188,3 +194,32 @@ class _KernelCollector:
             for j, n in enumerate(spec.accepted_by_position):
                 pos.add_metric([*model, str(j)], float(n))
             yield pos
+
+
+# The KV tiers' figures (plugins/kv_cache/tiers.py stats), present only when tiers are configured.
+KV_TIER_COUNTERS = (
+    ("kv_tier_host_hit_blocks", "KV blocks read back into the pool from host RAM.", "host_hit_blocks"),
+    ("kv_tier_disk_hit_blocks", "KV blocks read back into the pool from the disk tier.", "disk_hit_blocks"),
+    ("kv_tier_disk_written_blocks", "KV blocks written to the disk tier.", "disk_written"),
+    ("kv_tier_disk_written_bytes", "Bytes written to the disk tier.", "disk_bytes_written"),
+    ("kv_tier_disk_write_dropped_blocks", "KV blocks not written: the writer's queue was full.", "disk_write_dropped"),
+    ("kv_tier_disk_rejected_blocks", "Disk blocks refused at read (checksum, header): deleted, never loaded.",
+     "disk_rejected"),
+    ("kv_tier_disk_evicted_blocks", "Disk blocks deleted to stay within kv_cache_disk_gb.", "disk_evicted"),
+)
+KV_TIER_GAUGES = (
+    ("kv_tier_disk_bytes", "Bytes of block files in the disk tier (this model's fingerprint).", "disk_bytes"),
+    ("kv_tier_disk_blocks", "KV blocks in the disk tier.", "disk_blocks"),
+    ("kv_tier_disk_skipped_files", "Files found unusable at start-up (other fingerprint, corrupt, unfinished "
+     "write): never loaded.", "disk_skipped_files"),
+    ("kv_tier_host_blocks", "KV blocks held in the host-RAM tier.", "host_blocks"),
+)
+
+
+def _kv_tier_families(kv: dict, model: list[str]) -> Any:
+    for families, kind in ((KV_TIER_COUNTERS, CounterMetricFamily), (KV_TIER_GAUGES, GaugeMetricFamily)):
+        for name, doc, key in families:
+            if key in kv:
+                f = kind(P + name, doc, labels=["model_name"])
+                f.add_metric(model, float(kv[key]))
+                yield f

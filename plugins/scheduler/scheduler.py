@@ -102,6 +102,9 @@ class DefaultScheduler:
             self.forks.setdefault(parent.request_id, []).append(request)
             return
         self.waiting.push(request)
+        prefetch = getattr(self.kv, "prefetch", None)   # optional (KV tiers): read its prefix back before it runs
+        if prefetch is not None and not request.scheduled_once:
+            prefetch(request)
 
     def schedule(self) -> SchedulePlan:
         step = _Step(self.max_num_batched_tokens)
