@@ -153,3 +153,140 @@ async def test_two_keys_with_the_same_prompt_share_no_disk_block(demo_model_dir,
     assert (for_bob.finished.usage.cached_tokens, for_bob.finished.usage.cached_disk_tokens) == (0, 0)
     assert (for_alice.finished.usage.cached_tokens, for_alice.finished.usage.cached_disk_tokens) == (96, 96)
     assert for_bob.token_ids == for_alice.token_ids
+
+
+async def test_a_hybrid_sliding_window_family_gets_the_same_outputs_after_a_restart(demo_model_dir, tmp_path):
+    """Gemma 3's layers: full attention and sliding windows in separate KV groups; every group's blocks are
+    stored (a window's K/V is a function of the prefix too) and read back where the next query reads them."""
+    from family_models import build_family
+
+    model = build_family("gemma3", str(tmp_path / "gemma3"), demo_model_dir)
+    async with kernel_for_test(model=model, block_size=BLOCK, num_kv_blocks=256) as kernel:
+        assert len(set(kernel.spec.layer_windows)) == 2, "the test needs full and sliding layers"
+        want = [d.token_ids for d in await _round(kernel, PROMPTS[:3])]
+    pool = {**SMALL_POOL, "num_kv_blocks": 40}   # several KV groups share the pool
+    async with kernel_for_test(model=model, kv_cache_dir=str(tmp_path / "kv"), **pool) as kernel:
+        assert [d.token_ids for d in await _round(kernel, PROMPTS[:3])] == want
+    async with kernel_for_test(model=model, kv_cache_dir=str(tmp_path / "kv"), **pool) as kernel:
+        again = await _round(kernel, PROMPTS[:3])
+        check_whole(kernel.kv)
+    assert [d.token_ids for d in again] == want
+    assert again[0].finished.usage.cached_tokens == 96 and again[0].finished.usage.cached_disk_tokens == 96
+
+
+CHILD = """
+import asyncio, random, sys
+from modelcall.core import Kernel
+async def main():
+    async with Kernel(model=sys.argv[1], dtype="float32", threads=1, block_size=16, num_kv_blocks=14,
+                      kv_cache_dir=sys.argv[2], kv_cache_fsync="always") as kernel:
+        await kernel.complete(prompt_token_ids=[int(t) for t in sys.argv[3].split(",")], max_tokens=12,
+                              temperature=0, ignore_eos=True)
+        kernel.kv.tiers.disk.flush()
+        print("written", flush=True)
+        rng = random.Random(0)
+        while True:   # blocks keep coming until the parent kills this process in the middle of writing one
+            await kernel.complete(prompt_token_ids=[rng.randrange(10, 500) for _ in range(160)], max_tokens=1)
+asyncio.run(main())
+"""
+
+
+def _kill_mid_write(model: str, directory: str, prompt: list[int], tries: int = 3) -> None:
+    """Run a server process that writes blocks (fsync each: a write takes a while) and SIGKILL it the moment an
+    unfinished block file is seen; a try where the write finished between the look and the kill is run again."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    for _ in range(tries):
+        child = subprocess.Popen([sys.executable, "-c", CHILD, model, directory, ",".join(map(str, prompt))],
+                                 env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, text=True)
+        deadline = time.monotonic() + 60
+        try:
+            assert child.stdout.readline().strip() == "written", "the server process did not start"
+            while time.monotonic() < deadline and child.poll() is None:
+                if any(e.name.endswith(".kv.tmp") for d in os.scandir(directory) if d.is_dir()
+                       for e in os.scandir(d.path)):
+                    child.send_signal(signal.SIGKILL)
+                    break
+                time.sleep(0.0002)
+        finally:
+            child.kill()
+            child.wait()
+        if any(f.endswith(".kv.tmp") for _, _, fs in os.walk(directory) for f in fs):
+            return
+    pytest.fail(f"no write was caught in flight in {tries} tries")
+
+
+@pytest.mark.slow   # a server process of its own (imports, start-up): ~15 s here
+async def test_kill_9_mid_write_then_restart_serves_correctly_and_reports_what_it_skipped(
+        demo_model_dir, references, tmp_path):
+    from modelcall.core.prefix_keys import block_key, root_key
+
+    _kill_mid_write(demo_model_dir, str(tmp_path), PROMPTS[0])
+    unfinished = [f for _, _, fs in os.walk(tmp_path) for f in fs if f.endswith(".kv.tmp")]
+    async with kernel_for_test(model=demo_model_dir, kv_cache_dir=str(tmp_path), **SMALL_POOL) as kernel:
+        disk = kernel.kv.tiers.disk
+        # a torn payload in a file that looks whole (what a power loss can leave): refused when read, not loaded
+        keys = [root_key(kernel.spec.identity)]
+        for i in range(4):
+            keys.append(block_key(keys[-1], PROMPTS[0][i * BLOCK:(i + 1) * BLOCK]))
+        torn = os.path.join(disk.dir, keys[4].hex() + ".kv")
+        with open(torn, "r+b") as f:
+            f.seek(-1, os.SEEK_END)
+            last = f.read(1)
+            f.seek(-1, os.SEEK_END)
+            f.write(bytes([last[0] ^ 0xFF]))
+        done = await _complete(kernel, PROMPTS[0])
+        skipped = dict(disk.skipped)
+        rejected = disk.num_rejected
+    assert done.token_ids == references[0]
+    # blocks 0-2 from disk; block 3's checksum fails, so the hit ends there and the rest is computed
+    assert (done.finished.usage.cached_tokens, done.finished.usage.cached_disk_tokens) == (48, 48)
+    assert rejected == 1   # (the file is there again: block 3 was computed, and written through anew)
+    assert set(unfinished) <= set(skipped) and all("unfinished write" in skipped[f] for f in unfinished)
+    assert not [f for _, _, fs in os.walk(tmp_path) for f in fs if f.endswith(".tmp")]
+
+
+def test_the_disk_tier_stays_within_its_bound_least_recently_used_out_first(tmp_path):
+    import numpy as np
+
+    from modelcall.plugins.kv_cache.disk_tier import DiskTier
+
+    size = 1024
+    tier = DiskTier(str(tmp_path), b"f" * 32, {}, size, capacity_bytes=3 * (size + 52 + 4), queue_blocks=64)
+    blocks = {bytes([i]) * 4: np.full(size, i, dtype=np.uint8) for i in range(5)}
+    for key in list(blocks)[:3]:
+        tier.put(key, blocks[key])
+    assert tier.flush()
+    assert tier.get(bytes([0]) * 4)[0] == 0            # block 0 used: block 1 is now the least recently used
+    for key in list(blocks)[3:]:
+        tier.put(key, blocks[key])
+    tier.close()
+    assert sorted(tier.index) == sorted([bytes([0]) * 4, bytes([3]) * 4, bytes([4]) * 4])
+    assert tier.num_evicted == 2 and tier.bytes_used <= tier.capacity_bytes
+    assert len([f for f in os.listdir(tier.dir) if f.endswith(".kv")]) == 3
+    reopened = DiskTier(str(tmp_path), b"f" * 32, {}, size, capacity_bytes=3 * (size + 52 + 4))
+    assert sorted(reopened.index) == sorted(tier.index) and not reopened.skipped
+    assert (reopened.get(bytes([4]) * 4) == 4).all()
+    reopened.close()
+
+
+def test_a_full_write_queue_drops_blocks_and_counts_them_never_waits(tmp_path):
+    import time
+
+    import numpy as np
+
+    from modelcall.plugins.kv_cache.disk_tier import DiskTier
+
+    tier = DiskTier(str(tmp_path), b"f" * 32, {}, 1 << 20, capacity_bytes=1 << 30, fsync="always", queue_blocks=1)
+    payload = np.zeros(1 << 20, dtype=np.uint8)
+    t0 = time.perf_counter()
+    for i in range(50):
+        tier.put(i.to_bytes(4, "little"), payload)
+    offered_s = time.perf_counter() - t0
+    tier.close()
+    assert tier.num_dropped > 0 and tier.num_written + tier.num_dropped == 50
+    assert offered_s < tier.write_s, "offering blocks must take less than writing them"
