@@ -8,8 +8,9 @@ Loads the file once, then answers JSON commands on stdin, one a line, with one `
     {"op": "tokenize", "text": "..."}                 -> {"ids": [...]}
     {"op": "run", "prompt_ids": [...], "new": 256}    -> {"ttft_s", "total_s", "tokens", "text"}
 
-Both engines: greedy, end of sequence banned (llama.cpp: logit_bias -100 on every end-of-generation token;
-modelcall: ignore_eos), no prompt reuse between runs (llama.cpp: reset(); modelcall: prefix cache reset), TTFT
+Both engines: greedy, end of sequence banned (llama.cpp: its native sampler chain, a logit bias of -100 on every
+end-of-generation token then greedy, in llama-cli's loop; modelcall: ignore_eos), no prompt reuse between runs
+(llama.cpp: reset(); modelcall: prefix cache reset), TTFT
 = first streamed token, the prompt token ids given as they are (no BOS added). Runs under the llama.cpp peer's
 venv or modelcall's, so nothing but the standard library is imported at the top.
 """
@@ -31,18 +32,29 @@ class LlamaCpp:
         return self.llm.tokenize(text.encode(), add_bos=False, special=False)
 
     def run(self, prompt_ids: list[int], new: int) -> dict:
+        """llama.cpp's own loop, as llama-cli runs it: one prefill decode, then per token the native sampler
+        chain (logit bias banning end of generation, then greedy: no Python logits processor copying the
+        vocabulary each token, which is what create_completion(logit_bias=...) does) and one decode."""
+        from llama_cpp._internals import LlamaSampler
         self.llm.reset()
+        sampler = LlamaSampler()
+        sampler.add_logit_bias(self.llm.n_vocab(), self.banned)
+        sampler.add_greedy()
+        made: list[int] = []
         t = time.perf_counter()
-        first, pieces = None, []
-        for chunk in self.llm.create_completion(prompt_ids, max_tokens=new, temperature=0.0, stream=True,
-                                                logit_bias=self.banned):
+        self.llm.eval(prompt_ids)
+        first = None
+        while len(made) < new:
+            token = sampler.sample(self.llm._ctx, -1)
+            sampler.accept(token)
+            made.append(token)
             first = first or time.perf_counter()
-            pieces.append(chunk["choices"][0]["text"])
+            if len(made) < new:
+                self.llm.eval([token])
         end = time.perf_counter()
-        # NOTE: chunks are not tokens (a partial character is held back, the last chunk is empty); every
-        # sampled token but the last was fed back through the model, so the context holds prompt + made - 1.
-        tokens = self.llm.n_tokens - len(prompt_ids) + 1
-        return {"ttft_s": first - t, "total_s": end - t, "tokens": tokens, "text": "".join(pieces)}
+        sampler.close()
+        text = self.llm.detokenize(made).decode(errors="replace")
+        return {"ttft_s": first - t, "total_s": end - t, "tokens": len(made), "text": text}
 
 
 class Modelcall:
