@@ -27,7 +27,7 @@ from modelcall.core.metering import Caller, Exchange
 from modelcall.core.output import OutputStage
 from modelcall.core.plan import ModelSpec
 from modelcall.core.request import Request
-from modelcall.core import speculative
+from modelcall.core import heap_freeze, speculative
 from modelcall.core.stages import KVCachePolicy, ModelRunner, Sampler, Scheduler, Tokenizer
 from modelcall.core.submit import Choice, GenerateRequest, Submitting
 from modelcall.core.tooling import ToolSupport
@@ -155,6 +155,7 @@ class Kernel(Submitting):
         self._tg.start_soon(self.engine.run)
         while not self.engine.alive:  # NOTE: start() returns once requests are accepted
             await anyio.sleep(0)
+        heap_freeze.freeze()   # the loaded model out of every collection's walk (core/heap_freeze.py)
         self.started_at = now()
 
     def _find_model_dir(self) -> str:
@@ -225,6 +226,7 @@ class Kernel(Submitting):
         if self.host is not None and self.engine is not None:
             await self.host.lifecycle("shutdown", kernel=self)
             self.runner.close()
+            heap_freeze.thaw()
         self.engine = None
 
     async def drain(self, timeout_s: float = 30.0) -> bool:

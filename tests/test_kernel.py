@@ -167,3 +167,17 @@ async def test_two_kernels_in_one_process_share_no_plugins_or_state(demo_model_d
         assert len(counter.seen) == 1
         assert a.kv is not b.kv and a.scheduler is not b.scheduler
         assert a.stats()["steps"] >= 2 and b.stats()["steps"] >= 2
+
+
+async def test_a_started_kernel_keeps_its_loaded_objects_out_of_the_collector_until_it_stops(demo_model_dir):
+    import gc
+    import torch
+    async with Kernel(model=demo_model_dir, **CFG) as kernel:
+        frozen = gc.get_freeze_count()
+        weight = next(kernel.runner.model.parameters())
+        # the model's modules were frozen at start: a full collection walks none of them
+        assert frozen > 1000 and not any(o is weight for o in gc.get_objects(generation=2))
+        events = [ev async for ev in kernel.generate("def main():", max_tokens=4, temperature=0, ignore_eos=True)]
+        assert isinstance(events[-1], Finished) and gc.get_freeze_count() > 1000   # still frozen while serving
+    assert gc.get_freeze_count() == 0   # thawed at stop: a stopped kernel's cycles are collected again
+    assert isinstance(weight, torch.Tensor)
