@@ -90,6 +90,17 @@ def add_kernel_options(parser: argparse.ArgumentParser) -> None:
                    help=f"pick the implementation of a stage ({', '.join(STAGES)}); repeatable")
     g.add_argument("--plugin-config", action="append", default=[], metavar="PLUGIN=JSON",
                    help="a JSON object of settings for one plugin; repeatable")
+    lo = parser.add_argument_group("LoRA adapters (docs/lora.md)")
+    lo.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=DIR",
+                    help="PEFT adapter directories served on the model; a request's `model` picks one by NAME")
+    lo.add_argument("--max-loras", type=_positive_int, metavar="N", help=f"adapters in one step (default: {d.max_loras})")
+    lo.add_argument("--max-cpu-loras", type=_positive_int, metavar="N",
+                    help="adapters kept loaded, least recently used evicted (default: all)")
+    lo.add_argument("--max-lora-rank", type=_positive_int, metavar="R",
+                    help=f"larger ranks are refused at load (default: {d.max_lora_rank})")
+    lo.add_argument("--allow-runtime-lora-updates", action="store_true",
+                    help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (keys with the admin "
+                         "permission only)")
     c = parser.add_argument_group("entry caps (over one: 400)")
     for flag, what in (("messages", "chat messages per request"), ("tools", "tool definitions per request"),
                        ("stop-strings", "stop strings per request"), ("stop-length", "characters per stop string"),
@@ -130,6 +141,7 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> KernelConfig
             fields[field] = value
     if getattr(args, "no_prefix_caching", False):
         fields["enable_prefix_caching"] = False
+    fields.update(_lora_fields(args))
     if getattr(args, "speculative_config", None):
         try:
             fields["speculative_config"] = json.loads(args.speculative_config)
@@ -159,6 +171,28 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> KernelConfig
         return KernelConfig(**(fields | overrides))
     except (ConfigError, TypeError) as e:
         raise CommandError(str(e)) from None
+
+
+def _lora_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """KernelConfig's LoRA fields from --lora-modules NAME=DIR ..., --max-loras, --max-cpu-loras, --max-lora-rank and
+    --allow-runtime-lora-updates."""
+    fields: dict[str, Any] = {}
+    modules: dict[str, str] = {}
+    for item in getattr(args, "lora_modules", None) or ():
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise CommandError(f"--lora-modules {item!r}: expected NAME=DIR (a PEFT adapter directory)")
+        if name in modules:
+            raise CommandError(f"--lora-modules: the name {name!r} is given twice")
+        modules[name] = path
+    if modules:
+        fields["lora_modules"] = modules
+    for dest in ("max_loras", "max_cpu_loras", "max_lora_rank"):
+        if getattr(args, dest, None) is not None:
+            fields[dest] = getattr(args, dest)
+    if getattr(args, "allow_runtime_lora_updates", False):
+        fields["runtime_lora_updates"] = True
+    return fields
 
 
 def kernel_from_args(args: argparse.Namespace, *, plugins: Any = (), blocked: Any = (), **overrides: Any) -> Kernel:

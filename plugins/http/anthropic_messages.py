@@ -99,7 +99,7 @@ def usage(g: Generation) -> AnthropicUsage:
 # ---- handlers ---------------------------------------------------------------------------------
 
 async def handle(request: web.Request, ctx: ServingContext, body: MessagesRequest) -> web.StreamResponse:
-    model = ctx.check_model(body.model)
+    model = ctx.check_model(body.model, lora=True)
     fields = {"max_tokens": body.max_tokens, "temperature": body.temperature, "top_p": body.top_p,
               "top_k": body.top_k, "seed": body.seed, "min_p": body.min_p,
               "repetition_penalty": body.repetition_penalty, "stop": tuple(body.stop_sequences or ()) or None}

@@ -23,7 +23,7 @@ from modelcall.core import Kernel, ModelcallError
 from modelcall.core.metering import EXCHANGE_KEY, Exchange
 from modelcall.events import RequestRejected
 from modelcall.plugins.http import anthropic_messages, openai_chat, openai_completions, openapi
-from modelcall.plugins.http import embeddings, rerank, responses
+from modelcall.plugins.http import embeddings, lora_routes, rerank, responses
 from modelcall.plugins.http.embeddings import EmbeddingRequest
 from modelcall.plugins.http.schemas_responses import ResponsesRequest
 from modelcall.plugins.http import schemas_anthropic as A
@@ -69,6 +69,8 @@ def create_app(kernel: Kernel, settings: ServerSettings | None = None, *, middle
     add("POST", "/v1/responses/{response_id}/cancel", responses.cancel)
     add("GET", "/v1/responses/{response_id}/input_items", responses.input_items)
     add("GET", "/v1/models", models)
+    add("POST", "/v1/load_lora_adapter", _json_route(lora_routes.LoadLoraAdapter, lora_routes.load))
+    add("POST", "/v1/unload_lora_adapter", _json_route(lora_routes.UnloadLoraAdapter, lora_routes.unload))
     add("POST", "/v1/embeddings", _json_route(EmbeddingRequest, embeddings.handle))
     for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
         add("POST", path, _json_route(rerank.RerankRequest, rerank.rerank))
@@ -215,6 +217,14 @@ async def models(request: web.Request) -> web.Response:
     task = getattr(ctx.kernel, "task", None)
     cards = [O.ModelCard(id=name, created=created, max_model_len=ctx.kernel.window, task=task)
              for name in ctx.model_names]
+    loras = ctx.kernel.loras
+    if loras is not None:   # the adapters this caller may use (one private to another key is never listed)
+        caller = request.get(EXCHANGE_KEY).caller if request.get(EXCHANGE_KEY) is not None else None
+        for name in loras.names():
+            info = loras.info(name)
+            if info is not None and (caller is None or caller.may_use_lora(name)):
+                cards.append(O.ModelCard(id=name, created=created, max_model_len=ctx.kernel.window, task="generate",
+                                         parent=ctx.model_name, root=info.path))
     return _json_bytes(O.encoder.encode(O.ModelList(data=cards)))
 
 

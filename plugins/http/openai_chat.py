@@ -29,7 +29,7 @@ RESERVED_TEMPLATE_KWARGS = {"messages", "tools", "add_generation_prompt", "token
 
 
 async def handle(request: web.Request, ctx: ServingContext, body: ChatCompletionRequest) -> web.StreamResponse:
-    model = ctx.check_model(body.model)
+    model = ctx.check_model(body.model, lora=True)
     submit_kw = prompt_of(body)
     submit_kw["task_id"] = task_id_of(request)
     if body.top_logprobs is not None and not body.logprobs:

@@ -69,7 +69,7 @@ def _fields(body: CompletionRequest, best_of: int) -> dict[str, Any]:
 
 
 async def handle(request: web.Request, ctx: ServingContext, body: CompletionRequest) -> web.StreamResponse:
-    model = ctx.check_model(body.model)
+    model = ctx.check_model(body.model, lora=True)
     best_of = check_scoring(body)
     params = sampling_params(_fields(body, best_of), best_of)
     handles: list[RequestHandle] = []

@@ -83,7 +83,7 @@ def _not_found(response_id: str) -> ApiError:
 async def create(request: web.Request, ctx: ServingContext, body: ResponsesRequest) -> web.StreamResponse:
     """Create a model response (OpenAI Responses API)."""
     state = request.app[STATE]
-    model = ctx.check_model(body.model)
+    model = ctx.check_model(body.model, lora=True)
     owner = _owner(ctx.exchange)
     history: list[dict[str, Any]] = []
     if body.previous_response_id is not None:

@@ -311,6 +311,8 @@ class ModelCard(Struct):
     max_model_len: int | None = None
     object: Literal["model"] = "model"
     task: str | None = None   # "generate", "embed" (an embedding model) or "generate,embed"
+    parent: str | None = None   # a LoRA adapter's base model (vLLM's field); None: a base model
+    root: str | None = None     # a LoRA adapter's directory (vLLM's field)
 
 
 class ModelList(Struct):

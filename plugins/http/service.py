@@ -32,6 +32,7 @@ class ServingContext:
         self.settings = settings
         self.exchange = exchange
         self._token_text: dict[int, str] = {} if token_text is None else token_text
+        self.lora: str | None = None   # the LoRA adapter the request's `model` named (check_model(..., lora=True))
 
     def bind(self, request: Any) -> ServingContext:
         """This context for one HTTP request (`request[EXCHANGE_KEY]`, made by the error middleware)."""
@@ -45,10 +46,19 @@ class ServingContext:
     def model_names(self) -> tuple[str, ...]:
         return (self.model_name, *self.settings.served_model_names)
 
-    def check_model(self, model: str | None) -> str:
-        """The name to answer with; 404 naming the served models when `model` is not one of them."""
+    def check_model(self, model: str | None, lora: bool = False) -> str:
+        """The name to answer with; 404 naming the served models when `model` is not one of them. With `lora`
+        (the generation routes) `model` may name a LoRA adapter: the request then runs on it (`submit`); whether
+        the caller may use it is the entry pipeline's (403)."""
         if model is None or model in self.model_names:
             return model or self.model_name
+        loras = self.kernel.loras
+        if model is not None and loras is not None and loras.ref(model) is not None:
+            if not lora:
+                raise ApiError(400, f"{model!r} is a LoRA adapter; this route runs on the base model "
+                                    f"{self.model_name!r}", param="model", code="model_not_supported")
+            self.lora = model
+            return model
         raise ApiError(404, f"the model {model!r} does not exist; this server serves {list(self.model_names)}",
                        error_type="not_found_error", param="model", code="model_not_found")
 
@@ -71,6 +81,8 @@ class ServingContext:
         if any(p != choice_params(params[0], i) for i, p in enumerate(params)):
             raise ValueError("the choices' sampling params must be sampling_params' (seed + i, nothing else differs)")
         try:
+            if self.lora is not None:
+                prompt["lora"] = self.lora
             request = GenerateRequest.of(params=params[0], n=len(params), **prompt)
             return await self.kernel.submit_choices(request, exchange=self.exchange)
         except BaseException as e:
