@@ -1,0 +1,1 @@
+"""Fair share by tokens (`--scheduling fair`): the Virtual Token Counter as a waiting queue of the built-in scheduler."""
