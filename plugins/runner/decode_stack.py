@@ -119,6 +119,12 @@ class DecodeStack:
             eps=stack.eps)
         self.addr = ctypes.addressof(self.args)
         self.buffers: dict[torch.dtype, tuple[torch.Tensor, ...]] = {}
+        self.qtypes = {q.qweight.qtype for four in projections for parts in four for q in parts}
+
+    def max_tokens(self, dtype: torch.dtype) -> int:
+        """The most rows a step may have to take this path: where every weight's kernel still beats its dequantized
+        GEMM (quant.dense_from_tokens of each weight type), as QuantLinear chooses layer by layer."""
+        return min(quant.dense_from_tokens(dtype, qt) for qt in self.qtypes)
 
     @classmethod
     def build(cls, stack: LeanStack, projections: list[tuple[Any, ...]] | None) -> DecodeStack | None:

@@ -106,7 +106,8 @@ def _fused_quant(parts: list[Any]) -> Linear | None:
         at += p.qweight.shape[0]
 
     def run(x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] > quant.dense_from_tokens(x.dtype):   # prefill: each part's dequantized GEMM
+        if x.shape[0] > min(quant.dense_from_tokens(x.dtype, qw.qtype) for qw, _, _ in bounds):   # prefill: each
+            # part's dequantized GEMM
             return torch.cat([p.forward(x) for p in parts], -1)   # each part adds its own bias
         out = x.new_empty(x.shape[0], at)
         for qw, a, b in bounds:   # each part writes its own columns (a row stride of `at`)
@@ -158,7 +159,7 @@ class LeanStack:
         # stack runs every projection in C, past the adapters' deltas (plugins/runner/lora_runner.py)
         plain = (self.plain if self.plain is not None and step.lora is None
                  and self.plain.prepare(step, pos, tokens, h.dtype) else None)
-        if plain is not None and self.cstack is not None and tokens <= quant.dense_from_tokens(h.dtype):
+        if plain is not None and self.cstack is not None and tokens <= self.cstack.max_tokens(h.dtype):
             self.cstack.run(h, x)   # every layer in one C call: the loop below, over quantized weights
             return x
         act: torch.Tensor | None = None   # silu(gate) * up, one buffer for every layer (down reads it before the next)

@@ -306,13 +306,20 @@ def quantize(w: torch.Tensor, qtype: int) -> QWeight:
 # qmatmul / dequantize + bf16 linear, Q4_1 1536x576: 8 tokens 144 / 220 us, 16: 253 / 284, 32: 555 / 317;
 # Q4_K 640x2048: 8: 371 / 542, 16: 717 / 553. With fp32 activations the dense path is an fp32 linear, slower:
 # Q4_1 1536x576, 128 tokens 2275 / 2775 us, 256: 4239 / 6025; Q4_K 640x2048, 128: 5621 / 4101.
-DENSE_FROM_TOKENS = 16          # bf16 activations
-DENSE_FROM_TOKENS_FP32 = 128    # fp32 activations
+# Float weights (F16, BF16, F32) have no integer dot products to gain from: their kernel converts each weight per
+# row of x, so from 16-32 rows torch's GEMM over a converted copy wins with fp32 activations too. NOTE: one
+# thread, Zen 4, /tmp script of issue 38 (min of 15 calls, loaded machine), F16 kernel / dequantize + fp32
+# linear: 576x1536 16 rows 532 / 435 us, 32: 1057 / 717, 128: 12683 / 2618; 576x576 16: 148 / 168, 32: 291 / 268.
+DENSE_FROM_TOKENS = 16          # bf16 activations, and float weights with any activations
+DENSE_FROM_TOKENS_FP32 = 128    # fp32 activations over quantized blocks
 
 
-def dense_from_tokens(dtype: torch.dtype) -> int:
-    """Tokens above which a matmul with activations of `dtype` is faster dequantized + torch's (see the NOTE)."""
-    return DENSE_FROM_TOKENS_FP32 if dtype == torch.float32 else DENSE_FROM_TOKENS
+def dense_from_tokens(dtype: torch.dtype, qtype: int | None = None) -> int:
+    """Tokens above which a matmul with activations of `dtype` over weights of `qtype` (None: a block type) is
+    faster dequantized + torch's (see the NOTE)."""
+    if dtype != torch.float32 or qtype in _FLOAT_TYPES:
+        return DENSE_FROM_TOKENS
+    return DENSE_FROM_TOKENS_FP32
 
 
 class QuantLinear(torch.nn.Module):
@@ -330,7 +337,7 @@ class QuantLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in_features] fp32 or bf16 -> [..., out_features] in x's dtype."""
         tokens = x.numel() // max(1, self.in_features)
-        if tokens <= dense_from_tokens(x.dtype):
+        if tokens <= dense_from_tokens(x.dtype, self.qweight.qtype):
             return qmatmul(x, self.qweight, self.bias, int8=self.int8)
         w = self.qweight.dequantize(x.dtype)
         return torch.nn.functional.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
