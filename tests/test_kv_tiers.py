@@ -125,9 +125,9 @@ async def test_a_stale_block_of_another_model_is_never_loaded(demo_model_dir, tm
     async with kernel_for_test(model=str(other), kv_cache_dir=str(cache), **SMALL_POOL) as kernel:
         served = await _round(kernel, PROMPTS[:2])
         disk = kernel.kv.tiers.disk
-        assert disk.other_fingerprints, "the first model's folder is seen and left alone"
     assert [d.token_ids for d in served] == own
     assert [d.finished.usage.cached_tokens for d in served] == [0, 48]   # only its own system part, from its pool
+    assert disk.other_fingerprints, "the first model's folder is seen and left alone"
     # the first model's files planted in the second's folder: refused at start, none loaded
     first_files = [f for f in _block_files(cache) if os.path.basename(os.path.dirname(f)) in disk.other_fingerprints]
     for f in first_files:
