@@ -157,6 +157,8 @@ class KVCachePolicy(Protocol):
     # no blocks) `parent`'s first `num_tokens` tokens of K/V (full blocks shared, the last partial one
     # copied on write) and returns the (source, destination) block copies the runner makes after
     # the step's forward, or None when it cannot. Without it, forks compute their prompt.
+    # Optional, for KV tiers behind the pool: `prefetch(request)`, called by the scheduler when a request
+    # arrives, starts reading the blocks of its prefix that only a slower tier holds (docs/kv-cache.md).
 
 
 @runtime_checkable
