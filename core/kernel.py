@@ -304,7 +304,8 @@ class Kernel(Submitting):
                             prompt_tokens=len(ids), max_tokens=max_tokens, priority=priority,
                             caller=caller.name if caller is not None else None, prompt_parts=parts,
                             dropped_messages=context["dropped_messages"] if context else 0, retries=retries,
-                            tool_results=answered_calls(r.messages), kind=self._kind(e.pooling)),
+                            tool_results=answered_calls(r.messages), kind=self._kind(e.pooling),
+                            lora=e.lora.name if e.lora is not None else None),
             RequestQueued(request_id=rid, task_id=task_id, ts=record.admitted, num_waiting=self.scheduler.num_waiting + 1),
         ))
         self.engine.add(record)

@@ -104,6 +104,7 @@ class RequestAdmitted(Event):
     retries: int = 0                            # earlier attempts of this request, as the caller told
     tool_results: tuple[str, ...] = ()          # ids of earlier tool calls whose results this prompt carries
     kind: str = "generate"                      # "generate", or a pooling request's "embed" / "score" (core/pooling.py)
+    lora: str | None = None                     # the LoRA adapter it runs on, by its served name; None: the base model
 
 
 class RequestQueued(Event):

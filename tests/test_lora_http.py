@@ -34,8 +34,11 @@ def lora_server(tmp_path_factory, demo_model_dir):
             for name, path in (("base", None), ("qv8", adapters["qv8"]), ("late", late))}
     keys = write_keys(root / "keys.toml", KEYS)
     modules = {"qv8": adapters["qv8"], "mlp8": adapters["mlp8"], "secret": adapters["all16"]}
+    db = root / "ledger.sqlite3"
     with ServerThread(model=base, dtype="float32", served_model_name="base", lora_modules=modules,
-                      runtime_lora_updates=True, plugin_config={"auth": {"api_keys": str(keys)}}) as server:
+                      runtime_lora_updates=True,
+                      plugin_config={"auth": {"api_keys": str(keys)}, "ledger": {"path": str(db)}}) as server:
+        server.ledger_path = db
         yield server, refs, late
 
 
@@ -141,3 +144,41 @@ def test_runtime_updates_are_off_unless_the_operator_enables_them(tmp_path, demo
     with ServerThread(lora_modules={}, runtime_lora_updates=False) as server:
         r = httpx.post(server.base_url + "/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/tmp"})
         assert r.status_code == 404 and "--allow-runtime-lora-updates" in r.json()["error"]["message"]
+
+
+def test_ledger_usage_report_metrics_and_traces_name_the_adapter(lora_server):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from modelcall.events import RequestAdmitted
+    from modelcall.plugins.ledger.plugin import ledger_of
+    from modelcall.plugins.ledger.report import render, task_report
+    from modelcall.plugins.ledger.store import open_readonly
+    from modelcall.plugins.ledger.usage import summarize
+    from modelcall.plugins.otel.attributes import request_attributes
+
+    server, _, _ = lora_server
+    for model in ("qv8", "base", "qv8"):
+        r = httpx.post(server.base_url + "/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 2},
+                       headers={"Authorization": "Bearer k-alice", "x-modelcall-task-id": "lora-task"}, timeout=60)
+        assert r.status_code == 200, r.text
+    observer, _ = ledger_of(server.kernel)
+    deadline = time.monotonic() + 20
+    while True:
+        observer.flush()
+        with open_readonly(server.ledger_path) as conn:
+            rows = [dict(r) for r in conn.execute("SELECT * FROM requests WHERE task_id = 'lora-task' ORDER BY received")]
+            if len(rows) == 3 and all(r["response_sent"] for r in rows) or time.monotonic() > deadline:
+                by_lora = {g["lora"]: g for g in summarize(conn, "lora")}
+                report = render(task_report(conn, "lora-task"))
+                break
+        time.sleep(0.05)
+    assert [r["lora"] for r in rows] == ["qv8", None, "qv8"]
+    assert by_lora["qv8"]["requests"] >= 2 and "-" in by_lora
+    assert report.count("[LoRA qv8]") == 2
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(
+        server.base_url + "/metrics", headers={"Authorization": "Bearer k-bob"}).text)}
+    served = {s.labels["lora"]: s.value for s in families["modelcall:lora_requests"].samples
+              if s.name.endswith("_total")}
+    assert served["qv8"] >= 2 and "base" not in served
+    admitted = RequestAdmitted(request_id="r", ts=0.0, model="base", prompt_tokens=1, max_tokens=1, lora="qv8")
+    assert request_attributes(admitted, {"model": "qv8"}, "chat")["modelcall.lora"] == "qv8"

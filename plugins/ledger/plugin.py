@@ -56,7 +56,8 @@ def shutdown(kernel: Any) -> None:
 
 def _configure_usage(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ledger", metavar="PATH", help="the ledger database (default: the user data directory)")
-    parser.add_argument("--by", choices=("key", "model", "day", "kind"), default="key", help="group rows by (default: key)")
+    parser.add_argument("--by", choices=("key", "model", "day", "kind", "lora"), default="key",
+                        help="group rows by (lora: the LoRA adapter, '-' the base model; default: key)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -101,6 +102,6 @@ def _run_report(args: argparse.Namespace) -> int:
 
 @hookimpl(trylast=True)
 def register_commands(register: Any) -> None:
-    register("usage", "summarize the request ledger by key, model, day or kind", _configure_usage, _run_usage)
+    register("usage", "summarize the request ledger by key, model, day, kind or LoRA adapter", _configure_usage, _run_usage)
     register("report", "what one task's model saw, where its time went, whether it completed, what it cost",
              _configure_report, _run_report)

@@ -70,7 +70,7 @@ class Recorder:
                 "admitted": self.wall(ev.ts), "max_tokens": ev.max_tokens, "priority": ev.priority,
                 "retries": ev.retries, "prompt_tokens": ev.prompt_tokens, "dropped_messages": ev.dropped_messages,
                 "prompt_parts": json.dumps(ev.prompt_parts) if ev.prompt_parts else None,
-                "preemptions": 0, "tool_calls": 0, "kind": ev.kind,
+                "preemptions": 0, "tool_calls": 0, "kind": ev.kind, "lora": ev.lora,
             }
             if ev.tool_results:  # the client ran these calls and sent their results back
                 marks = ", ".join("?" * len(ev.tool_results))

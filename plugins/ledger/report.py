@@ -50,7 +50,7 @@ def task_report(conn: sqlite3.Connection, task_id: str) -> dict[str, Any]:
     totals = dict.fromkeys(SPANS, 0.0) | {"tools": 0.0, "other": 0.0}
     for i, r in enumerate(reqs):
         parts = json.loads(r["prompt_parts"]) if r["prompt_parts"] else {"prompt": r["prompt_tokens"]}
-        saw.append({"request_id": r["request_id"], "kind": r["kind"], "prompt_tokens": r["prompt_tokens"],
+        saw.append({"request_id": r["request_id"], "kind": r["kind"], "lora": r["lora"], "prompt_tokens": r["prompt_tokens"],
                     "parts": parts, "dropped_messages": r["dropped_messages"]})
         spans = request_spans(r)
         for k, v in spans.items():
@@ -111,6 +111,7 @@ def render(rep: dict[str, Any]) -> str:
         parts = ", ".join(f"{k} {v}" for k, v in s["parts"].items() if v)
         dropped = f"; {s['dropped_messages']} old message(s) dropped to fit" if s["dropped_messages"] else ""
         kind = f" ({s['kind']})" if s["kind"] not in (None, "generate") else ""
+        kind += f" [LoRA {s['lora']}]" if s.get("lora") else ""
         out.append(f"   {s['request_id']}{kind}: {s['prompt_tokens']} = {parts}{dropped}")
     t = rep["time"]
     out += ["", f"2. Where the time went (wall {_ms(t['wall']).strip()})"]

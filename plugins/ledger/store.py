@@ -41,7 +41,8 @@ CREATE TABLE IF NOT EXISTS requests (
     spec_draft_tokens    INTEGER NOT NULL DEFAULT 0,   -- speculative decoding: draft tokens verified
     spec_accepted_tokens INTEGER NOT NULL DEFAULT 0,   -- of which accepted
     kind              TEXT,               -- generate, embed or score (a pooling request); NULL: refused before admission
-    cached_disk_tokens INTEGER NOT NULL DEFAULT 0   -- part of cached_tokens: read back from the disk KV tier
+    cached_disk_tokens INTEGER NOT NULL DEFAULT 0,  -- part of cached_tokens: read back from the disk KV tier
+    lora              TEXT                -- the LoRA adapter it ran on (served name); NULL: the base model
 );
 CREATE INDEX IF NOT EXISTS requests_task ON requests(task_id);
 CREATE INDEX IF NOT EXISTS requests_received ON requests(received);
@@ -65,11 +66,11 @@ REQUEST_COLUMNS = (
     "scheduled", "first_token", "last_token", "finished", "response_sent", "prompt_tokens", "cached_tokens",
     "completion_tokens", "reasoning_tokens", "max_tokens", "priority", "retries", "preemptions", "tool_calls",
     "prompt_parts", "dropped_messages", "spec_draft_tokens", "spec_accepted_tokens", "kind",
-    "cached_disk_tokens",
+    "cached_disk_tokens", "lora",
 )
 # Columns added after the first schema: (name, declaration), added to an older ledger when it is opened.
 ADDED_COLUMNS = (("spec_draft_tokens", "INTEGER NOT NULL DEFAULT 0"), ("spec_accepted_tokens", "INTEGER NOT NULL DEFAULT 0"),
-                 ("kind", "TEXT"), ("cached_disk_tokens", "INTEGER NOT NULL DEFAULT 0"))
+                 ("kind", "TEXT"), ("cached_disk_tokens", "INTEGER NOT NULL DEFAULT 0"), ("lora", "TEXT"))
 
 
 def default_path() -> Path:

@@ -1,4 +1,4 @@
-"""`modelcall usage`: the ledger summed by key, model, UTC day or kind (generate, embed, score)."""
+"""`modelcall usage`: the ledger summed by key, model, UTC day, kind (generate, embed, score) or LoRA adapter."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,8 @@ import sqlite3
 from typing import Any
 
 GROUPS = {"key": "COALESCE(key_name, '-')", "model": "COALESCE(model, '-')",
-          "day": "date(COALESCE(received, finished), 'unixepoch')", "kind": "COALESCE(kind, '-')"}
+          "day": "date(COALESCE(received, finished), 'unixepoch')", "kind": "COALESCE(kind, '-')",
+          "lora": "COALESCE(lora, '-')"}   # '-': the base model
 POOLING_KINDS = ("embed", "score")   # pooling requests: prompt tokens only, told apart from generation
 
 

@@ -49,6 +49,13 @@ class KernelMetrics:
                                  "prompt_tokens.", [*m, "kind"], registry=r)
         self.c_cached = Counter(P + "cached_prompt_tokens", "Prompt tokens read from the prefix cache.", m,
                                 registry=r)
+        # LoRA adapters (docs/lora.md): finished requests and their tokens by adapter (base-model requests not here)
+        self.c_lora_requests = Counter(P + "lora_requests", "Finished requests that ran on a LoRA adapter, by adapter.",
+                                       [*m, "lora"], registry=r)
+        self.c_lora_prompt = Counter(P + "lora_prompt_tokens", "Prompt tokens of finished requests on a LoRA adapter.",
+                                     [*m, "lora"], registry=r)
+        self.c_lora_gen = Counter(P + "lora_generation_tokens", "Generated tokens of finished requests on a LoRA "
+                                  "adapter.", [*m, "lora"], registry=r)
         self.c_cached_disk = Counter(P + "cached_prompt_tokens_disk", "Of cached_prompt_tokens, those read back "
                                      "from the disk KV tier.", m, registry=r)
         self.c_success = Counter(P + "request_success", "Finished requests by finish reason.",
@@ -62,6 +69,7 @@ class KernelMetrics:
         self.model = ""
         self._last_token: dict[str, float] = {}
         self._pooling_kind: dict[str, str] = {}   # admitted pooling requests' kind; generation is the default
+        self._lora: dict[str, str] = {}   # admitted requests on an adapter: its name (base-model requests: absent)
 
     def bind(self, model: str) -> None:
         """Pre-bind the label children of `model` (the observers then do no label lookups)."""
@@ -92,6 +100,8 @@ class KernelMetrics:
     def on_admitted(self, ev: RequestAdmitted) -> None:
         if ev.kind != "generate":   # NOTE: only pooling requests are kept, so generation pays no dict entry
             self._pooling_kind[ev.request_id] = ev.kind
+        if ev.lora is not None:
+            self._lora[ev.request_id] = ev.lora
 
     def on_finished(self, ev: Finished) -> None:
         self._last_token.pop(ev.request_id, None)
@@ -114,10 +124,16 @@ class KernelMetrics:
         if child is None:
             child = self.success[ev.reason] = self.c_success.labels(self.model, ev.reason)
         child.inc()
+        lora = self._lora.pop(ev.request_id, None) if self._lora else None
+        if lora is not None:
+            self.c_lora_requests.labels(self.model, lora).inc()
+            self.c_lora_prompt.labels(self.model, lora).inc(u.prompt_tokens)
+            self.c_lora_gen.labels(self.model, lora).inc(u.completion_tokens)
 
     def on_failed(self, ev: Any) -> None:
         self._last_token.pop(ev.request_id, None)
         self._pooling_kind.pop(ev.request_id, None)
+        self._lora.pop(ev.request_id, None)
         self.success["error"].inc()
 
     def on_preempted(self, ev: Preempted) -> None:

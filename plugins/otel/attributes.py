@@ -60,6 +60,8 @@ def request_attributes(admitted: RequestAdmitted, body: dict[str, Any], op: str)
         attrs["modelcall.caller"] = admitted.caller
     attrs["modelcall.request_id"] = admitted.request_id
     attrs["modelcall.prompt_tokens"] = admitted.prompt_tokens
+    if admitted.lora:
+        attrs["modelcall.lora"] = admitted.lora
     return attrs
 
 
