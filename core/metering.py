@@ -89,6 +89,12 @@ class Exchange:
         self.sequences = 0  # sequences admitted for this exchange (prompts × n of one call)
         self.refused = False  # a refusal of this exchange was published already (RequestRejected)
 
+    def sequence_ended(self) -> None:
+        """One sequence of this exchange ended, and its front end feeds the call through a window (a pooling call's
+        inputs: at most max_sequences_per_call in flight, the next admitted when one ends), so the per-call cap
+        counts the sequences in flight, not every one the call started."""
+        self.sequences -= 1
+
     def response_headers(self) -> dict[str, str]:
         """Headers a front end adds to its response: what a context policy dropped, if anything, and
         what a handle names itself (`handle.response_headers`, e.g. the replica that served it)."""

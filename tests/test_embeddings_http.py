@@ -38,9 +38,12 @@ def ref(minilm_dir) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def server(minilm_dir):
+def server(minilm_dir, tmp_path_factory):
+    """max_sequences_per_call stays at its default (64): a call's window; the ledger records when each input ran."""
+    ledger = tmp_path_factory.mktemp("ledger") / "ledger.sqlite3"
     with ServerThread(model=minilm_dir, device="cpu", dtype="float32", served_model_name="minilm",
-                      max_num_batched_tokens=16) as s:
+                      max_num_batched_tokens=512, plugin_config={"ledger": {"path": str(ledger)}}) as s:
+        s.ledger = ledger
         yield s
 
 
@@ -102,16 +105,56 @@ def test_an_input_over_the_limit_is_a_400_naming_its_index(server):
     assert server.stats()["unfinished"] == 0   # input[0], admitted before input[1] was refused, was closed
 
 
-def test_more_inputs_than_one_call_may_start_are_refused_before_any_is_admitted(server):
-    """Each input is a sequence of the call: past max_sequences_per_call (64 by default) the whole call is a 400
-    naming the setting and the input list, given before any input is admitted (not at input[64])."""
-    r = httpx.post(server.base_url + "/v1/embeddings", json={"input": ["a few words"] * 65}, timeout=30)
-    assert r.status_code == 400, r.text
+def most_in_flight(server, since: float) -> int:
+    """The most pooling requests admitted and not yet finished at one time, from the ledger's rows since `since`."""
+    from modelcall.plugins.ledger.plugin import ledger_of
+    from modelcall.plugins.ledger.store import open_readonly
+    ledger_of(server.kernel)[0].flush()
+    with open_readonly(server.ledger) as conn:
+        rows = conn.execute("SELECT admitted, finished FROM requests WHERE kind = 'embed' AND admitted >= ?",
+                            (since,)).fetchall()
+    # NOTE: at equal times a finish counts before an admission (the window admits after a finish)
+    marks = sorted([(a, 1) for a, _ in rows] + [(f, 0) for _, f in rows])
+    most = now = 0
+    for _, delta in marks:
+        now += 1 if delta else -1
+        most = max(most, now)
+    return most
+
+
+def test_langchains_default_chunk_of_1000_texts_is_one_call_fed_through_the_window(server, minilm_dir):
+    """LangChain's OpenAIEmbeddings(check_embedding_ctx_length=False) sends 1,000 texts a call: one call, served
+    whole, each vector the one sentence-transformers gives its text; the kernel never held more than
+    max_sequences_per_call (64) of them at once."""
+    import time
+    langchain_openai = pytest.importorskip("langchain_openai")
+    texts = [f"box {i}" for i in range(1000)]   # NOTE: ~5 tokens each: the call's size is the point, not its length
+    emb = langchain_openai.OpenAIEmbeddings(model="minilm", base_url=server.base_url + "/v1", api_key="unused",
+                                            check_embedding_ctx_length=False)
+    assert emb.chunk_size == 1000   # the default this test is about
+    since = time.time()
+    vectors = np.array(emb.embed_documents(texts))
+    picked = list(range(0, 1000, 41)) + [999]   # the reference for a spread of them (keeps the test short)
+    ref = st.SentenceTransformer(minilm_dir, device="cpu").encode([texts[i] for i in picked], convert_to_numpy=True)
+    assert vectors.shape == (1000, 384)
+    assert min(cosines(vectors[picked], ref)) >= 0.9999
+    assert 32 <= most_in_flight(server, since) <= server.kernel.config.max_sequences_per_call == 64
+
+
+def test_a_call_of_more_than_2048_inputs_is_a_400_naming_the_limit_before_any_is_admitted(server):
+    def prompt_tokens() -> float:
+        import re
+        text = httpx.get(server.base_url + "/metrics", timeout=10).text
+        return float(re.search(r'^modelcall:prompt_tokens_total{model_name="minilm"} (\S+)$', text, re.M).group(1))
+
+    before = prompt_tokens()
+    r = httpx.post(server.base_url + "/v1/embeddings", json={"input": ["a few words"] * 2049}, timeout=30)
+    assert r.status_code == 400, r.text[:300]
     err = r.json()["error"]
-    assert err["param"] == "input" and "65 items" in err["message"] and "max_sequences_per_call" in err["message"]
-    assert server.stats()["unfinished"] == 0
-    assert httpx.post(server.base_url + "/v1/embeddings", json={"input": ["a few words"] * 64},
-                      timeout=60).status_code == 200
+    assert err["param"] == "input" and "2049 items" in err["message"] and "at most 2048" in err["message"]
+    assert server.stats()["unfinished"] == 0 and prompt_tokens() == before   # nothing was admitted
+    ok = httpx.post(server.base_url + "/v1/embeddings", json={"input": ["a few words"] * 100}, timeout=60)
+    assert ok.status_code == 200 and len(ok.json()["data"]) == 100   # past the window of 64, within the limit
 
 
 def test_models_show_the_task_and_generation_is_refused(server, client):

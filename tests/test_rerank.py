@@ -46,7 +46,7 @@ def reference(cross_dir) -> list[float]:
 
 @pytest.fixture(scope="module")
 def server(cross_dir):
-    with ServerThread(model=cross_dir, device="cpu", served_model_name="cross",
+    with ServerThread(model=cross_dir, device="cpu", dtype="float32", served_model_name="cross",
                       max_num_batched_tokens=16) as s:
         yield s
 
@@ -86,10 +86,19 @@ def test_scorer_refusals(server):
     assert r.status_code == 400 and "not embeddings" in r.json()["error"]["message"]
     models = httpx.get(url + "/v1/models", timeout=10).json()["data"]
     assert models[0]["task"] == "score"
-    # each pair is a sequence of the call: past max_sequences_per_call (64) a 400 before any is admitted
-    r = httpx.post(url + "/v1/rerank", json={"query": "q", "documents": ["d"] * 65}, timeout=30)
-    assert r.status_code == 400 and r.json()["error"]["param"] == "documents"
-    assert "max_sequences_per_call" in r.json()["error"]["message"]
+    # each pair is one input of the call: past 2,048 a 400 naming the limit, before any is admitted
+    r = httpx.post(url + "/v1/rerank", json={"query": "q", "documents": ["d"] * 2049}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "documents", r.text[:300]
+    assert "at most 2048" in r.json()["error"]["message"] and server.stats()["unfinished"] == 0
+
+
+def test_a_rerank_of_more_documents_than_the_window_is_served_whole(server, reference):
+    """100 documents: past the window of max_sequences_per_call (64) in flight, fed through it, scores in order."""
+    texts = [d if isinstance(d, str) else d["text"] for d in DOCS] * 25
+    r = httpx.post(server.base_url + "/v1/score", json={"text_1": QUERY, "text_2": texts}, timeout=60)
+    assert r.status_code == 200, r.text[:300]
+    scores = [d["score"] for d in r.json()["data"]]
+    assert max(abs(s - reference[i % len(DOCS)]) for i, s in enumerate(scores)) <= 1e-4
 
 
 def test_the_cohere_sdk_reranks_against_the_server(server, reference):

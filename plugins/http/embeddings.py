@@ -1,5 +1,6 @@
 """`POST /v1/embeddings` in the OpenAI shape: each input becomes one pooling request (core/pooling.py), admitted
-by the same entry pipeline and queue as generation and prefilled in the same batches.
+by the same entry pipeline and queue as generation and prefilled in the same batches; a call's inputs (up to 2,048)
+are fed through a window of max_sequences_per_call in flight (pooling_window.py).
 
     {"model": "...", "input": "text" | ["text", ...] | [ids...] | [[ids...], ...],
      "encoding_format": "float" | "base64", "dimensions": 256}
@@ -11,6 +12,7 @@ from __future__ import annotations
 import base64
 import sys
 from array import array
+from collections.abc import Awaitable
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -19,9 +21,8 @@ from msgspec import Meta, Struct
 
 from modelcall.core import ContextOverflow, GenerateRequest, PoolingParams, RequestHandle
 from modelcall.plugins.http.errors import ApiError
-from modelcall.plugins.http.service import ServingContext, as_api_error, close_all
-
-MAX_INPUTS = 2048   # OpenAI's limit on inputs per request
+from modelcall.plugins.http.pooling_window import check_call_size, pool_all
+from modelcall.plugins.http.service import ServingContext, as_api_error
 
 
 class EmbeddingRequest(Struct):
@@ -67,8 +68,7 @@ def inputs_of(body: EmbeddingRequest) -> list[dict[str, Any]]:
                        param="input")
     if all(type(x) is int for x in raw):
         return [{"prompt_token_ids": raw}]
-    if len(raw) > MAX_INPUTS:
-        raise ApiError(400, f"input has {len(raw)} items; at most {MAX_INPUTS} per request", param="input")
+    check_call_size(len(raw), "input")
     out = []
     for i, x in enumerate(raw):
         if isinstance(x, str):
@@ -95,34 +95,20 @@ async def handle(request: web.Request, ctx: ServingContext, body: EmbeddingReque
     if "embed" not in ctx.kernel.task.split(","):
         raise ApiError(400, f"model {model!r} serves {ctx.kernel.task!r}, not embeddings", param="model")
     prompts = inputs_of(body)
-    check_call_size(ctx, len(prompts), "input")
     pooling = PoolingParams(normalize=body.normalize, dimensions=body.dimensions)
-    handles: list[RequestHandle] = []
-    try:
-        for i, prompt in enumerate(prompts):
-            handles.append(await _submit(ctx, i, GenerateRequest(
-                **prompt, pooling=pooling, priority=body.priority, cache_salt=body.cache_salt)))
-        data, used = [], 0
-        for i, h in enumerate(handles):
-            done = await h.result()
-            if done.embedding is None:   # aborted (the server is stopping)
-                raise ApiError(503, f"input[{i}] was not pooled (finished: {done.finish_reason})")
-            data.append(Embedding(index=i, embedding=encode_vector(done.embedding, body.encoding_format)))
-            used += done.usage.prompt_tokens
-    finally:
-        close_all(handles)
+
+    def admit(i: int) -> Awaitable[RequestHandle]:
+        return _submit(ctx, i, GenerateRequest(**prompts[i], pooling=pooling, priority=body.priority,
+                                               cache_salt=body.cache_salt))
+
+    data, used = [], 0
+    for i, done in enumerate(await pool_all(ctx, len(prompts), admit)):
+        if done.embedding is None:   # aborted (the server is stopping)
+            raise ApiError(503, f"input[{i}] was not pooled (finished: {done.finish_reason})")
+        data.append(Embedding(index=i, embedding=encode_vector(done.embedding, body.encoding_format)))
+        used += done.usage.prompt_tokens
     out = EmbeddingList(data=data, model=model, usage=EmbeddingUsage(prompt_tokens=used, total_tokens=used))
     return web.Response(body=encoder.encode(out), content_type="application/json")
-
-
-def check_call_size(ctx: ServingContext, n: int, field: str) -> None:
-    """Each input is one sequence of the call: more than max_sequences_per_call (64 unless configured) is refused
-    before any is admitted, naming the setting, rather than at the first input over it."""
-    cap = ctx.kernel.config.max_sequences_per_call
-    if n > cap:
-        raise ApiError(400, f"{field} has {n} items; this server takes at most {cap} per call "
-                       "(max_sequences_per_call: modelcall serve --max-sequences-per-call N); send fewer per call",
-                       param=field)
 
 
 async def _submit(ctx: ServingContext, i: int, request: GenerateRequest) -> RequestHandle:

@@ -17,11 +17,9 @@ from aiohttp import web
 from msgspec import Meta, Struct
 
 from modelcall.core import ContextOverflow, GenerateRequest, PoolingParams, RequestHandle
-from modelcall.plugins.http.embeddings import check_call_size
 from modelcall.plugins.http.errors import ApiError
-from modelcall.plugins.http.service import ServingContext, as_api_error, close_all, unix_time
-
-MAX_PAIRS = 1000
+from modelcall.plugins.http.pooling_window import check_call_size, pool_all
+from modelcall.plugins.http.service import ServingContext, as_api_error, unix_time
 
 
 class RerankRequest(Struct):
@@ -135,31 +133,27 @@ def _check(ctx: ServingContext, model: str | None) -> str:
 
 async def _score_pairs(ctx: ServingContext, pairs: list[tuple[str, str]], field: str,
                        priority: int | None) -> tuple[list[float], int]:
-    """Each pair scored by one pooling request; the scores in order and the prompt tokens they took."""
-    if len(pairs) > MAX_PAIRS:
-        raise ApiError(400, f"{len(pairs)} pairs; at most {MAX_PAIRS} per request", param=field)
-    check_call_size(ctx, len(pairs), field)
+    """Each pair scored by one pooling request (fed through the call's window); the scores in order and the prompt
+    tokens they took."""
+    check_call_size(len(pairs), field)
     encode_pair = getattr(ctx.kernel.tokenizer, "encode_pair", None)
     if encode_pair is None:
         raise ApiError(400, "this model's tokenizer cannot encode text pairs", param="model")
-    handles: list[RequestHandle] = []
-    try:
-        for i, (a, b) in enumerate(pairs):
-            req = GenerateRequest(prompt_token_ids=encode_pair(a, b), pooling=PoolingParams(), priority=priority)
-            try:
-                handles.append(await ctx.kernel.submit(req, exchange=ctx.exchange))
-            except ContextOverflow as e:
-                raise ApiError(400, f"{field}[{i}] with its query has {e.prompt_tokens} tokens; this model takes at "
-                               f"most {e.window}", param=f"{field}[{i}]", code="context_length_exceeded") from e
-            except BaseException as e:
-                raise as_api_error(e) from e
-        scores, used = [], 0
-        for i, h in enumerate(handles):
-            done = await h.result()
-            if done.embedding is None:
-                raise ApiError(503, f"{field}[{i}] was not scored (finished: {done.finish_reason})")
-            scores.append(done.embedding[0])
-            used += done.usage.prompt_tokens
-    finally:
-        close_all(handles)
+
+    async def admit(i: int) -> RequestHandle:
+        req = GenerateRequest(prompt_token_ids=encode_pair(*pairs[i]), pooling=PoolingParams(), priority=priority)
+        try:
+            return await ctx.kernel.submit(req, exchange=ctx.exchange)
+        except ContextOverflow as e:
+            raise ApiError(400, f"{field}[{i}] with its query has {e.prompt_tokens} tokens; this model takes at "
+                           f"most {e.window}", param=f"{field}[{i}]", code="context_length_exceeded") from e
+        except BaseException as e:
+            raise as_api_error(e) from e
+
+    scores, used = [], 0
+    for i, done in enumerate(await pool_all(ctx, len(pairs), admit)):
+        if done.embedding is None:
+            raise ApiError(503, f"{field}[{i}] was not scored (finished: {done.finish_reason})")
+        scores.append(done.embedding[0])
+        used += done.usage.prompt_tokens
     return scores, used
