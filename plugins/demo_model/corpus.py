@@ -20,21 +20,13 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
+from modelcall.plugins.demo_model import phrasing, smalltalk
+from modelcall.plugins.demo_model.evalset import banned_for_training
+from modelcall.plugins.demo_model.places import REAL_CITIES, made_up_city
 from modelcall.plugins.demo_model.tools import TOOLS, calculator, get_weather, weather_of
 
-# (English, Chinese) city names; the tool answers for either spelling.
-CITIES = [("Paris", "巴黎"), ("London", "伦敦"), ("Tokyo", "东京"), ("Beijing", "北京"), ("Shanghai", "上海"),
-          ("Berlin", "柏林"), ("Rome", "罗马"), ("Madrid", "马德里"), ("Moscow", "莫斯科"), ("Cairo", "开罗"),
-          ("Sydney", "悉尼"), ("Toronto", "多伦多"), ("Seoul", "首尔"), ("Singapore", "新加坡"),
-          ("Bangkok", "曼谷"), ("Dubai", "迪拜"), ("Istanbul", "伊斯坦布尔"), ("Vienna", "维也纳"),
-          ("Prague", "布拉格"), ("Lisbon", "里斯本"), ("Athens", "雅典"), ("Dublin", "都柏林"),
-          ("Oslo", "奥斯陆"), ("Stockholm", "斯德哥尔摩"), ("Helsinki", "赫尔辛基"), ("Warsaw", "华沙"),
-          ("Amsterdam", "阿姆斯特丹"), ("Brussels", "布鲁塞尔"), ("Zurich", "苏黎世"), ("Chicago", "芝加哥"),
-          ("Boston", "波士顿"), ("Seattle", "西雅图"), ("Miami", "迈阿密"), ("Mumbai", "孟买"),
-          ("Delhi", "德里"), ("Nairobi", "内罗毕"), ("Lima", "利马"), ("Mexico City", "墨西哥城"),
-          ("New York", "纽约"), ("San Francisco", "旧金山"), ("Hong Kong", "香港"), ("Shenzhen", "深圳"),
-          ("Guangzhou", "广州"), ("Chengdu", "成都"), ("Hangzhou", "杭州"), ("Osaka", "大阪"),
-          ("Vancouver", "温哥华"), ("Melbourne", "墨尔本")]
+# (English, Chinese) city names of the original corpus; the training set draws on places.REAL_CITIES and made-up names.
+CITIES = REAL_CITIES[:48]
 
 CONDITION_ZH = {"sunny": "晴", "cloudy": "多云", "rainy": "下雨", "windy": "有风", "snowy": "下雪", "foggy": "有雾"}
 
@@ -122,13 +114,16 @@ def _call(tool_name: str, arguments: dict[str, Any]) -> dict[str, Any]:
 
 def _tools(rng: random.Random, needed: Any | None) -> list[dict[str, Any]] | None:
     # A tool chat always offers what the agent offers; a plain question sometimes offers nothing.
-    if needed is None and rng.random() < 0.4:
+    if needed is None and rng.random() < 0.2:
         return None
     return served_tools()
 
 
-def arithmetic_chat(rng: random.Random, expression: str, lang: str) -> dict[str, Any]:
-    question = rng.choice(ARITH_EN if lang == "en" else ARITH_ZH).format(e=expression)
+def arithmetic_chat(rng: random.Random, expression: str, lang: str, question: str | None = None) -> dict[str, Any]:
+    """question (ARITH_EN/ARITH_ZH around the expression when not given) → think → calculator call with the
+    expression → its result → "expression = result." """
+    if question is None:
+        question = rng.choice(ARITH_EN if lang == "en" else ARITH_ZH).format(e=expression)
     result = calculator(expression)
     answer = f"{expression} = {result}" + ("." if lang == "en" else "。")
     return {"tools": _tools(rng, calculator), "messages": [
@@ -139,12 +134,16 @@ def arithmetic_chat(rng: random.Random, expression: str, lang: str) -> dict[str,
         {"role": "assistant", "content": answer}]}
 
 
-def weather_chat(rng: random.Random, city: tuple[str, str], lang: str) -> dict[str, Any]:
-    name = city[0] if lang == "en" else city[1]
-    question = rng.choice(WEATHER_EN if lang == "en" else WEATHER_ZH).format(c=name)
+def weather_chat(rng: random.Random, city: tuple[str, str] | str, lang: str, question: str | None = None,
+                 answer_lang: str | None = None) -> dict[str, Any]:
+    """question → get_weather call with the city as asked → the report → a sentence from it. `city`: an
+    (English, Chinese) pair (the name of `lang` is asked) or one name."""
+    name = city if isinstance(city, str) else (city[0] if lang == "en" else city[1])
+    if question is None:
+        question = rng.choice(WEATHER_EN if lang == "en" else WEATHER_ZH).format(c=name)
     report = weather_of(name)
     t, cond = report["temperature_c"], report["condition"]
-    answer = (f"In {name} it is {t}°C and {cond}." if lang == "en"
+    answer = (f"In {name} it is {t}°C and {cond}." if (answer_lang or lang) == "en"
               else f"{name}现在{CONDITION_ZH[cond]}，气温{t}°C。")
     return {"tools": _tools(rng, get_weather), "messages": [
         {"role": "user", "content": question},
@@ -155,23 +154,87 @@ def weather_chat(rng: random.Random, city: tuple[str, str], lang: str) -> dict[s
 
 def fact_chat(rng: random.Random, fact: tuple[str, str, str, str], lang: str) -> dict[str, Any]:
     q, a = (fact[0], fact[1]) if lang == "en" else (fact[2], fact[3])
-    return {"tools": _tools(rng, None), "messages": [{"role": "user", "content": q},
-                                                    {"role": "assistant", "content": a}]}
+    return plain_chat(rng, q, a)
+
+
+def plain_chat(rng: random.Random, question: str, answer: str) -> dict[str, Any]:
+    return {"tools": _tools(rng, None), "messages": [{"role": "user", "content": question},
+                                                    {"role": "assistant", "content": answer}]}
+
+
+# ---- the training set -----------------------------------------------------------------------------
+
+def _operand(rng: random.Random) -> int:
+    r = rng.random()
+    return rng.randint(1, 20) if r < 0.3 else rng.randint(2, 99) if r < 0.6 else \
+        rng.randint(100, 999) if r < 0.9 else rng.randint(1000, 9999)
+
+
+def _training_expression(rng: random.Random) -> tuple[str, str, str] | str:
+    """(a, op, b) for a question in words or symbols, or (8%) a longer expression written in symbols."""
+    if rng.random() < 0.08:
+        a, b, c = _operand(rng), rng.randint(1, 99), rng.randint(1, 99)
+        o1, o2 = rng.choice(OPS[:3]), rng.choice(OPS[:3])
+        return rng.choice([f"{a} {o1} {b} {o2} {c}", f"({a} {o1} {b}) {o2} {c}", f"{a} {o1} ({b} {o2} {c})"])
+    op = rng.choice(OPS)
+    if rng.random() < 0.05:   # a decimal operand
+        return f"{rng.randint(0, 99)}.{rng.randint(1, 9)}", op, str(rng.randint(2, 20))
+    b = _operand(rng)
+    if op == "/":
+        b = max(2, b % 100)
+        a = b * _operand(rng) if rng.random() < 0.7 else _operand(rng)
+    else:
+        a = _operand(rng)
+    return str(a), op, str(b)
+
+
+def _arithmetic(rng: random.Random, lang: str, banned: set[str]) -> dict[str, Any]:
+    while True:
+        parts = _training_expression(rng)
+        expression = parts if isinstance(parts, str) else " ".join(parts)
+        if expression not in banned:
+            break
+    mixed = rng.random() < 0.1
+    if isinstance(parts, str) or rng.random() < 0.15:
+        question = phrasing.symbolic_question(rng, expression, lang)
+    else:
+        question = phrasing.arithmetic_question(rng, *parts, lang, mixed=mixed)
+    return arithmetic_chat(rng, expression, lang, question)
+
+
+def _weather(rng: random.Random, lang: str, banned: set[str]) -> dict[str, Any]:
+    while True:
+        if rng.random() < 0.45:
+            pair = rng.choice(REAL_CITIES)
+            name = pair[0] if (lang == "en") != (rng.random() < 0.1) else pair[1]
+        else:
+            name = made_up_city(rng, lang if rng.random() < 0.9 else ("zh" if lang == "en" else "en"))
+        if name.casefold() not in banned:
+            break
+    if rng.random() < 0.08:
+        return weather_chat(rng, name, lang, phrasing.mixed_weather_question(rng, name))
+    return weather_chat(rng, name, lang, phrasing.weather_question(rng, name, lang))
+
+
+def _no_tool(rng: random.Random, lang: str) -> dict[str, Any]:
+    if rng.random() < 0.35:
+        return fact_chat(rng, rng.choice(FACTS), lang)
+    question, reply = rng.choice(smalltalk.EN if lang == "en" else smalltalk.ZH)
+    return plain_chat(rng, question, reply or smalltalk.FALLBACK[lang])
 
 
 def chats(n: int, seed: int = 0) -> Iterator[dict[str, Any]]:
-    """`n` training chats, the same for the same seed; no HELD_OUT expression among them."""
+    """`n` training chats, the same for the same seed: arithmetic (42%), weather (38%), no tool (20%), in
+    English (60%) or Chinese; no held_out() expression and no expression or city of the evaluation split."""
     rng = random.Random(seed)
-    banned = set(held_out())
+    eval_expressions, eval_cities = banned_for_training()
+    banned = set(held_out()) | eval_expressions
     for _ in range(n):
         lang = "en" if rng.random() < 0.6 else "zh"
         kind = rng.random()
-        if kind < 0.5:
-            e = _expression(rng)
-            while e in banned:
-                e = _expression(rng)
-            yield arithmetic_chat(rng, e, lang)
-        elif kind < 0.85:
-            yield weather_chat(rng, rng.choice(CITIES), lang)
+        if kind < 0.42:
+            yield _arithmetic(rng, lang, banned)
+        elif kind < 0.8:
+            yield _weather(rng, lang, eval_cities)
         else:
-            yield fact_chat(rng, rng.choice(FACTS), lang)
+            yield _no_tool(rng, lang)

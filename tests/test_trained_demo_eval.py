@@ -1,0 +1,75 @@
+"""The trained demo model's hand-written evaluation split (issue 45) stays apart from its training set, its
+answer key is right, and the judge and the training set's number words do what they say."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from modelcall.plugins.demo_model import corpus, evalset, places
+from modelcall.plugins.demo_model.numbers import chinese, english
+from modelcall.plugins.demo_model.tools import calculator, weather_of
+from modelcall.plugins.demo_model.train import SEED, TRAIN
+
+
+def test_the_split_is_large_enough_and_its_answer_key_is_the_tools_own():
+    rows = evalset.load()
+    assert len(rows) >= 100
+    assert len({r["question"] for r in rows}) == len(rows)
+    kinds = Counter(r["kind"] for r in rows)
+    assert {"arith-en-numwords", "arith-zh", "weather-en-new", "weather-zh-new", "mixed", "none-en", "none-zh"} <= set(kinds)
+    for r in rows:
+        if r["tool"] == "calculator":
+            assert calculator(r["expression"]) == r["result"], r
+        else:
+            assert r["tool"] in ("get_weather", None) and ("city" in r) == (r["tool"] == "get_weather"), r
+
+
+def test_no_question_expression_or_city_of_the_split_is_in_the_training_set():
+    """The committed training set (TRAIN["chats"] chats of seed SEED) never asks an evaluation question, never
+    calls the calculator with an evaluation expression, and never names an evaluation city."""
+    rows = evalset.load()
+    questions, asked, cities = set(), set(), set()
+    for chat in corpus.chats(TRAIN["chats"], seed=SEED):
+        questions.add(" ".join(chat["messages"][0]["content"].split()).casefold())
+        for m in chat["messages"]:
+            for c in m.get("tool_calls") or []:
+                args = c["function"]["arguments"]
+                asked.add(args.get("expression"))
+                cities.add(str(args.get("city", "")).casefold())
+    assert len(questions) > TRAIN["chats"] // 2   # the phrasings vary
+    assert not [r["question"] for r in rows if " ".join(r["question"].split()).casefold() in questions]
+    assert not {r["expression"] for r in rows if r["tool"] == "calculator"} & asked
+    eval_cities = {r["city"].casefold() for r in rows if r["tool"] == "get_weather"}
+    assert not eval_cities & cities
+    assert not eval_cities & {n.casefold() for pair in places.REAL_CITIES for n in pair}
+
+
+def _calc(arguments: str, result: str, status: str = "ok") -> evalset.Call:
+    return evalset.Call("calculator", arguments, status, result)
+
+
+def test_the_judge_wants_the_tool_the_arguments_and_the_result_copied():
+    sum_row = {"kind": "k", "question": "q", "tool": "calculator", "expression": "12 * 7", "result": "84"}
+    ok = evalset.judge(sum_row, [_calc('{"expression": "7 * 12"}', "84")], "12 * 7 = 84.", "answered")
+    assert ok.right and ok.called == "calculator" and ok.copied
+    assert not evalset.judge(sum_row, [_calc('{"expression": "12 * 7"}', "84")], "12 * 7 = 8.", "answered").right
+    assert not evalset.judge(sum_row, [_calc('{"expression": "12 + 7"}', "19")], "12 + 7 = 19.", "answered").right
+    assert not evalset.judge(sum_row, [], "84", "answered").right
+    city_row = {"kind": "k", "question": "q", "tool": "get_weather", "city": "Reykjavik"}
+    report = weather_of("Reykjavik")
+    call = evalset.Call("get_weather", '{"city": "reykjavik"}', "ok", json.dumps(report))
+    assert evalset.judge(city_row, [call], f"It is {report['temperature_c']}°C.", "answered").right
+    wrong_city = evalset.Call("get_weather", '{"city": "Reykjavi"}', "ok", json.dumps(weather_of("Reykjavi")))
+    assert not evalset.judge(city_row, [wrong_city], f"It is {weather_of('Reykjavi')['temperature_c']}°C.",
+                             "answered").right
+    none_row = {"kind": "k", "question": "q", "tool": None}
+    assert evalset.judge(none_row, [], "Hello!", "answered").right
+    assert not evalset.judge(none_row, [_calc('{"expression": "1 + 1"}', "2")], "2", "answered").right
+    assert not evalset.judge(none_row, [], "", "answered").right
+
+
+def test_numbers_in_words_read_as_people_write_them():
+    assert [english(n) for n in (7, 12, 25, 40, 100, 342, 2040)] == [
+        "seven", "twelve", "twenty-five", "forty", "one hundred", "three hundred forty-two", "two thousand forty"]
+    assert [chinese(n) for n in (7, 12, 25, 100, 105, 300, 2040)] == [
+        "七", "十二", "二十五", "一百", "一百零五", "三百", "二千零四十"]
