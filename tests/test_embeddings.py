@@ -9,11 +9,11 @@ import statistics
 
 import numpy as np
 import pytest
+import sentence_transformers as st
+from pooling_models import llama_last_token, save_sentence_transformer
 
 from modelcall.core import GenerateRequest, InvalidRequest, Kernel, PoolingParams
 from modelcall.events import Finished, Pooled
-
-st = pytest.importorskip("sentence_transformers")
 
 pytestmark = pytest.mark.anyio
 
@@ -39,35 +39,19 @@ def minilm_dir() -> str:
 def cls_dir(tmp_path_factory, minilm_dir) -> str:
     """A tiny BERT (random weights, MiniLM's tokenizer) saved by sentence-transformers with CLS pooling + Normalize."""
     import torch
-    from sentence_transformers import SentenceTransformer, models
     from transformers import AutoTokenizer, BertConfig, BertModel
     base = tmp_path_factory.mktemp("tiny-bert-base")
     torch.manual_seed(0)
     BertModel(BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                          intermediate_size=128, max_position_embeddings=512)).save_pretrained(base)
     AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(base)
-    word = models.Transformer(str(base), max_seq_length=256)
-    model = SentenceTransformer(modules=[word, models.Pooling(64, pooling_mode="cls"), models.Normalize()])
-    out = tmp_path_factory.mktemp("tiny-bert-cls")
-    model.save(str(out))
-    return str(out)
+    return save_sentence_transformer(base, tmp_path_factory.mktemp("tiny-bert-cls"), "cls", max_seq_length=256)
 
 
 @pytest.fixture(scope="module")
 def last_dir(tmp_path_factory) -> str:
     """The trained demo decoder (a tiny Llama) with sentence-transformers' files for last-token pooling, no Normalize."""
-    from modelcall.plugins.demo_model.trained_dir import trained_model_dir
-    out = tmp_path_factory.mktemp("tiny-llama-last")
-    shutil.copytree(trained_model_dir(), out, dirs_exist_ok=True)
-    (out / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
-    (out / "1_Pooling").mkdir()
-    (out / "1_Pooling" / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": 128, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": False,
-        "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_lasttoken": True}))
-    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256, "do_lower_case": False}))
-    return str(out)
+    return llama_last_token(tmp_path_factory.mktemp("last"))
 
 
 def reference(model_dir: str, texts: list[str], **kw) -> np.ndarray:

@@ -6,14 +6,12 @@ from __future__ import annotations
 import base64
 
 import httpx
+import langchain_openai
 import numpy as np
+import openai
 import pytest
-
-
+import sentence_transformers as st
 from http_server import ServerThread
-
-st = pytest.importorskip("sentence_transformers")
-openai = pytest.importorskip("openai")
 
 TEXTS = ["The cat sits on the mat.", "A kitten rests on a rug.", "Quarterly revenue rose by eight percent."]
 
@@ -71,7 +69,6 @@ def test_openai_sdk_base64_is_little_endian_float32(client, ref):
 
 
 def test_langchain_openai_embeddings(server, ref):
-    langchain_openai = pytest.importorskip("langchain_openai")
     emb = langchain_openai.OpenAIEmbeddings(model="minilm", base_url=server.base_url + "/v1", api_key="unused",
                                             check_embedding_ctx_length=False)
     assert min(cosines(emb.embed_documents(TEXTS), ref)) >= 0.9999
@@ -127,7 +124,6 @@ def test_langchains_default_chunk_of_1000_texts_is_one_call_fed_through_the_wind
     whole, each vector the one sentence-transformers gives its text; the kernel never held more than
     max_sequences_per_call (64) of them at once."""
     import time
-    langchain_openai = pytest.importorskip("langchain_openai")
     texts = [f"box {i}" for i in range(1000)]   # NOTE: ~5 tokens each: the call's size is the point, not its length
     emb = langchain_openai.OpenAIEmbeddings(model="minilm", base_url=server.base_url + "/v1", api_key="unused",
                                             check_embedding_ctx_length=False)

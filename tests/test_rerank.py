@@ -3,6 +3,7 @@ BertForSequenceClassification built here (random weights, MiniLM's tokenizer) ag
 forward of the same pairs: sigmoid(logit) within 1e-4, rerank order, top_n, documents."""
 from __future__ import annotations
 
+import cohere
 import httpx
 import pytest
 import torch
@@ -103,7 +104,6 @@ def test_a_rerank_of_more_documents_than_the_window_is_served_whole(server, refe
 
 def test_the_cohere_sdk_reranks_against_the_server(server, reference):
     """vLLM's rerank example, unchanged: the v1 Client and ClientV2 with base_url at the server."""
-    cohere = pytest.importorskip("cohere")
     texts = [d if isinstance(d, str) else d["text"] for d in DOCS]
     want = sorted(range(len(texts)), key=lambda i: -reference[i])[:2]
     v1 = cohere.Client(base_url=server.base_url, api_key="unused").rerank(model="cross", query=QUERY,

@@ -18,10 +18,15 @@ from typing import Any
 import torch
 
 from modelcall.core import ConfigError, KernelConfig, ModelSpec, SchedulePlan, StepOutput
+from modelcall.plugins.pooling import cpu_gemm
 
 # model_type values of the encoder families this runner serves through transformers' AutoModel
 ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "modernbert", "electra", "mpnet",
                            "nomic_bert", "camembert"})
+
+# RoBERTa's families number positions from pad_token_id + 1 (fairseq's make_positions), so each holds that many
+# fewer tokens than its max_position_embeddings
+OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "camembert"})
 
 
 def model_type(model_dir: str) -> str:
@@ -44,10 +49,11 @@ class EncoderRunner:
             torch.set_num_threads(config.threads)
         device = torch.device(config.device if config.device not in (None, "auto") else
                               ("cuda" if torch.cuda.is_available() else "cpu"))
-        dtype = {"auto": torch.float32, None: torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16,
-                 "float16": torch.float16}.get(config.dtype)
-        if dtype is None:
-            raise ConfigError(f"dtype {config.dtype!r}: the encoder runner takes float32, bfloat16 or float16")
+        dtype = {"auto": None, None: None, "float32": torch.float32, "bfloat16": torch.bfloat16,
+                 "float16": torch.float16}.get(config.dtype, False)
+        if dtype is False:
+            raise ConfigError(f"dtype {config.dtype!r}: the encoder runner takes auto, float32, bfloat16 or float16")
+        dtype = dtype or cpu_gemm.auto_dtype(device)   # auto: bf16 where the CPU has bf16 dot products
         hf = AutoConfig.from_pretrained(model_dir, local_files_only=True)
         # A sequence-classification checkpoint (a cross-encoder) scores: its head's logits are the pooled rows
         self.classifies = any(a.endswith("ForSequenceClassification") for a in getattr(hf, "architectures", None) or ())
@@ -62,6 +68,8 @@ class EncoderRunner:
         self.device, self.dtype = device, dtype
         self.pad_id = int(getattr(hf, "pad_token_id", None) or 0)
         max_len = int(getattr(hf, "max_position_embeddings", 512))
+        if hf.model_type in OFFSET_POSITIONS:   # positions are numbered from pad_token_id + 1: 514 hold 512 tokens
+            max_len -= int(getattr(hf, "pad_token_id", None) or 0) + 1
         if max_seq_length:
             max_len = min(max_len, int(max_seq_length))   # sentence-transformers' own limit (it would truncate)
         if config.max_model_len is not None:
@@ -76,6 +84,8 @@ class EncoderRunner:
             head_dim=self.hidden_size // heads, dtype=str(dtype).removeprefix("torch."), device=str(device),
             identity=hashlib.sha256(f"encoder:{os.path.realpath(model_dir)}".encode()).hexdigest()[:32])
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        # NOTE: after weight_bytes: a packed weight is no parameter of the module (the count is the same bytes)
+        self.packed_linears = cpu_gemm.pack_cpu_linears(self.model) if device.type == "cpu" else 0
 
     def kv_block_bytes(self, block_size: int) -> int:
         # NOTE: nothing is cached; the pool's blocks only meter admission, sized as a decoder's would be
