@@ -120,3 +120,33 @@ async def test_a_wrong_scale_is_caught(served, make_kernel, monkeypatch):
         done = await _run_all(kernel, [(name, i) for name in ("all16", "qv8") for i in range(len(PROMPTS))])
     assert [done[("all16", i)].token_ids for i in range(len(PROMPTS))] != refs["all16"]
     assert [done[("qv8", i)].token_ids for i in range(len(PROMPTS))] == refs["qv8"]
+
+
+async def test_max_loras_bounds_the_adapters_of_a_step(served, make_kernel):
+    base, adapters, refs = served
+    async with make_kernel(model=base, dtype="float32", lora_modules=adapters, max_loras=2) as kernel:
+        mixes = _record_mixes(kernel)
+        done = await _run_all(kernel, [(name, i) for name in NAMES for i in range(len(PROMPTS))])
+    assert max(n for n, _ in mixes) == 2
+    for (name, i), result in done.items():
+        assert result.token_ids == refs[name][i], f"adapter {name}, prompt {i}"
+
+
+async def test_quantized_base_steps_with_adapters_leave_the_fast_decode_paths(served, make_kernel):
+    """q8_0 weights take the lean stack with its one-call decode paths (plain attention, the all-layers C stack);
+    a step with adapter rows must not: its output equals the output with those paths turned off, and differs from
+    the base model's."""
+    base, adapters, _ = served
+    jobs = [(name, i) for name in ("all16", None) for i in range(len(PROMPTS))]
+    outs = []
+    for fast in (True, False):
+        runner = {"lean_plain_decode": fast, "lean_decode_stack": fast}
+        async with make_kernel(model=base, dtype="float32", quantization="q8_0", lora_modules={"all16": adapters["all16"]},
+                               plugin_config={"runner": runner}) as kernel:
+            lean = kernel.runner.lean
+            assert lean is not None and (lean.plain is not None) == fast and (lean.cstack is not None) == fast
+            outs.append(await _run_all(kernel, jobs))
+    fast_out, slow_out = outs
+    assert {k: v.token_ids for k, v in fast_out.items()} == {k: v.token_ids for k, v in slow_out.items()}
+    assert [fast_out[("all16", i)].token_ids for i in range(len(PROMPTS))] != \
+        [fast_out[(None, i)].token_ids for i in range(len(PROMPTS))]

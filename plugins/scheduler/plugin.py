@@ -27,7 +27,8 @@ def provide_scheduler(config: Any, kv_cache: Any, waiting_queue: WaitingQueue | 
     return DefaultScheduler(kv_cache, max_num_seqs=config.max_num_seqs,
                             max_num_batched_tokens=config.max_num_batched_tokens,
                             policy=config.scheduling_policy, watermark=float(options.get("watermark", 0.01)),
-                            waiting=waiting_queue)
+                            waiting=waiting_queue,
+                            max_loras=config.max_loras if getattr(config, "lora_enabled", False) else None)
 
 
 # NOTE: pluggy never passes an argument that has a default, so the hook implementation names

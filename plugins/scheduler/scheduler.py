@@ -65,7 +65,8 @@ class DefaultScheduler:
     """
 
     def __init__(self, kv: KVCachePolicy, *, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
-                 policy: str = "fcfs", watermark: float = 0.01, waiting: WaitingQueue | None = None) -> None:
+                 policy: str = "fcfs", watermark: float = 0.01, waiting: WaitingQueue | None = None,
+                 max_loras: int | None = None) -> None:
         self.kv = kv
         self.policy = policy
         self.max_num_seqs = max_num_seqs
@@ -84,6 +85,8 @@ class DefaultScheduler:
         self.held: dict[str, list] = {}
         # Speculative decoding (core/speculative.py), set by the kernel when configured: None is off.
         self.speculator: Any = None
+        # LoRA: at most this many distinct adapters among the running requests (so in any step); None: no limit
+        self.max_loras = max_loras
 
     # ---- the Scheduler protocol -------------------------------------------------------------
 
@@ -237,7 +240,7 @@ class DefaultScheduler:
     def _schedule_waiting(self, step: _Step) -> None:
         while self.waiting and step.budget > 0:
             head = self.waiting.peek()
-            if len(self.running) < self.max_num_seqs and self._admit(head, step):
+            if len(self.running) < self.max_num_seqs and self._lora_fits(head) and self._admit(head, step):
                 continue
             if not self._preempt_for(head, step):
                 break  # head-of-line: later requests wait their turn too
@@ -257,6 +260,14 @@ class DefaultScheduler:
             return False
         self._preempt(victim, step)
         return True
+
+    def _lora_fits(self, request: Request) -> bool:
+        """Whether `request`'s adapter may run now: the base model, an adapter already running, or a free adapter slot
+        (max_loras). NOTE: head of line, like a short KV pool: the head waits until a running adapter's requests end."""
+        if request.lora is None or self.max_loras is None:
+            return True
+        running = {r.lora.key for r in self.running.values() if r.lora is not None}
+        return request.lora.key in running or len(running) < self.max_loras
 
     def _admit(self, request: Request, step: _Step) -> bool:
         # NOTE: a chunk always needs at least one new block (a prefix hit is whole blocks and never
