@@ -70,17 +70,20 @@ async def test_mixed_adapter_batches_equal_peft_merged_generate(served, lean, ma
         assert result.token_ids == refs[name][i], f"adapter {name}, prompt {i}"
     assert sum(1 for name in NAMES if done[(name, 1)].usage.cached_tokens) >= 3, "few prefix-cache hits"
     assert events.of(Preempted), "the pool was meant to force preemption"
-    assert max(mixes) == (4, True), "no step mixed the 4 adapters and the base"
+    assert max(m[:2] for m in mixes) == (4, True), "no step mixed the 4 adapters and the base"
+    assert {m[2] for m in mixes if m[0] > 1} == {True, False}, "both the batched and the per-adapter path ran"
 
 
-def _record_mixes(kernel: Kernel) -> list[tuple[int, bool]]:
-    """Per step of `kernel`'s runner: (adapters among its rows, whether base-model rows were there too)."""
+def _record_mixes(kernel: Kernel) -> list[tuple[int, bool, bool]]:
+    """Per step of `kernel`'s runner: (adapters among its rows, whether base-model rows were there too, whether the
+    adapters were done at once: lora_delta.Batched)."""
     lora = kernel.runner.lora
     begin, mixes = lora.begin, []
 
     def recording(plan, step):
         begin(plan, step)
-        mixes.append((len(lora.ctx.groups), any(c.request.lora is None for c in plan.chunks)))
+        mixes.append((len(lora.ctx.groups), any(c.request.lora is None for c in plan.chunks),
+                      lora.ctx.batched is not None))
 
     lora.begin = recording
     return mixes
@@ -127,7 +130,7 @@ async def test_max_loras_bounds_the_adapters_of_a_step(served, make_kernel):
     async with make_kernel(model=base, dtype="float32", lora_modules=adapters, max_loras=2) as kernel:
         mixes = _record_mixes(kernel)
         done = await _run_all(kernel, [(name, i) for name in NAMES for i in range(len(PROMPTS))])
-    assert max(n for n, _ in mixes) == 2
+    assert max(m[0] for m in mixes) == 2
     for (name, i), result in done.items():
         assert result.token_ids == refs[name][i], f"adapter {name}, prompt {i}"
 
@@ -150,3 +153,34 @@ async def test_quantized_base_steps_with_adapters_leave_the_fast_decode_paths(se
     assert {k: v.token_ids for k, v in fast_out.items()} == {k: v.token_ids for k, v in slow_out.items()}
     assert [fast_out[("all16", i)].token_ids for i in range(len(PROMPTS))] != \
         [fast_out[(None, i)].token_ids for i in range(len(PROMPTS))]
+
+
+async def test_prompt_logprobs_and_speculation_on_an_adapter(served, make_kernel):
+    """Prompt logprobs on an adapter are the merged model's (chunked prefill); speculation on an adapter keeps its
+    greedy output (suffix decoding: a retry is proposed its first output, verified through the adapter's forward)."""
+    import torch
+
+    from lora_adapters import merged_model
+    from modelcall.events import PromptLogprobs
+
+    base, adapters, refs = served
+    ids = PROMPTS[0] * 2
+    with torch.no_grad():
+        logits = merged_model(base, adapters["mlp8"])(torch.tensor([ids])).logits[0].float()
+    want = torch.log_softmax(logits, -1)[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].tolist()
+    spec = {"method": "suffix", "num_speculative_tokens": 4}
+    async with make_kernel(model=base, dtype="float32", lora_modules=adapters, max_num_batched_tokens=16,
+                           speculative_config=spec) as kernel:
+        scored = None
+        async for ev in kernel.generate(prompt_token_ids=ids, lora="mlp8", max_tokens=1, temperature=0,
+                                        prompt_logprobs=1):
+            if type(ev) is PromptLogprobs:
+                scored = ev
+        spoken = [await kernel.complete(prompt_token_ids=ids, lora="all16", max_tokens=MAX_TOKENS, temperature=0,
+                                        ignore_eos=True) for _ in range(2)]   # the second: a retry
+        accepted = kernel.speculator.num_accepted_tokens
+    got = [p.logprob for p in scored.logprobs[1:]]
+    assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
+    want = reference_outputs(base, adapters["all16"], [ids], MAX_TOKENS)[0]
+    assert [s.token_ids for s in spoken] == [want, want]
+    assert accepted >= MAX_TOKENS // 2, "the retry's drafts were meant to be accepted"

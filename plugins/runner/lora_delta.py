@@ -8,6 +8,11 @@ batch (batch.py), so an adapter's rows are a few runs of rows; per projection an
     expand:             d   = s @ B_a^T            [n_a, out]   (B block-diagonal over the stacked parts, scale in it)
     add:                y[rows_a] += d                          (index_add_ when the rows are not one run)
 
+When the step's adapters have about as many rows each (decode steps), the adapters are done at once instead
+(`Batched`): their rows gathered adapter by adapter into [adapters, m, in] (short ones padded, the pads' deltas
+masked to 0), one batched shrink and one batched expand over the adapters' stacked A and B (ranks padded with
+zeros), one index_add_: 4-5 torch ops per projection group instead of 4 per adapter.
+
 Rows of the base model are not touched; no weight is ever merged, and the adapters' rows of one step share one
 base GEMM. `LoraContext` holds the step's groups while its forward runs (set and cleared by the runner, read by
 the wrapped projections: `wrap_linear` for a callable of the lean stack, `LoraModule` for a transformers module).
@@ -32,19 +37,70 @@ class GroupWeights:
     b_t: torch.Tensor     # [sum r, out of the group]
 
 
-class LoraContext:
-    """The adapters of the step being computed: [(weights, rows)], empty when no row runs on an adapter."""
+@dataclass(slots=True)
+class Batched:
+    """A step's adapter rows laid out for batched matmuls: `perm` [adapters * m] the rows of adapter 0, then 1, ...,
+    each padded to m with row 0; `mask` [adapters * m, 1] 0 at the pads (None: no pads); `keys` the adapters'."""
 
-    __slots__ = ("groups",)
+    perm: torch.Tensor
+    m: int
+    keys: tuple[str, ...]
+    pads: torch.Tensor | None    # bool [adapters * m, 1]: True at pads
+    masks: dict | None = None    # dtype -> mask tensor, built on first use
+
+    def mask(self, dtype: torch.dtype) -> torch.Tensor | None:
+        if self.pads is None:
+            return None
+        if self.masks is None:
+            self.masks = {}
+        got = self.masks.get(dtype)
+        if got is None:
+            got = self.masks[dtype] = (~self.pads).to(dtype)
+        return got
+
+
+class LoraContext:
+    """The adapters of the step being computed: [(weights, rows)], empty when no row runs on an adapter; `batched`
+    when they are done at once (see the module docstring), with the stacked weights of recent adapter sets."""
+
+    __slots__ = ("groups", "batched", "stacks")
 
     def __init__(self) -> None:
         self.groups: list[tuple[LoraWeights, Rows]] = []
+        self.batched: Batched | None = None
+        # adapter keys -> {(layer, projs): (A [n, in, R], B [n, R, out]) or None}; the last few sets kept
+        self.stacks: dict[tuple[str, ...], dict] = {}
+
+    def set(self, groups: list[tuple[LoraWeights, Rows]], keys: list[str]) -> None:
+        self.groups = groups
+        self.batched = batch_rows(groups, keys) if len(groups) > 1 else None
+
+    def clear(self) -> None:
+        self.groups = []
+        self.batched = None
 
 
-def step_groups(chunks: list[Any], last_rows: list[int] | None, weights_of: Callable[[Any], LoraWeights]
-                ) -> list[tuple[LoraWeights, Rows]]:
+def batch_rows(groups: list[tuple[LoraWeights, Rows]], keys: list[str]) -> Batched | None:
+    """The batched layout of `groups`, or None when padding to the longest adapter would cost more than half again
+    the rows (a prefill chunk beside decodes: the per-adapter loop is cheaper then)."""
+    rows = [torch.arange(r.start, r.stop) if isinstance(r, slice) else r for _, r in groups]
+    counts = [len(r) for r in rows]
+    m, total = max(counts), sum(counts)
+    if m * len(rows) > total + total // 2 + len(rows):
+        return None
+    perm = torch.zeros(len(rows), m, dtype=torch.long)
+    pads = torch.ones(len(rows), m, dtype=torch.bool)
+    for k, r in enumerate(rows):
+        perm[k, :len(r)] = r
+        pads[k, :len(r)] = False
+    return Batched(perm.view(-1), m, tuple(keys), pads.view(-1, 1) if m * len(rows) != total else None)
+
+
+def step_groups(chunks: list[Any], last_rows: list[int] | None, weights_of: Callable[[Any], LoraWeights],
+                keys: list[str] | None = None) -> list[tuple[LoraWeights, Rows]]:
     """The step's rows per adapter, from the plan's chunks and each chunk's last flat row (None: chunk i is row i,
-    a decode step). A fork (no rows of its own) samples from its parent's rows, computed on the same adapter."""
+    a decode step); `keys` gets the adapters' load keys in the same order. A fork (no rows of its own) samples from
+    its parent's rows, computed on the same adapter."""
     runs: dict[str, tuple[Any, list[tuple[int, int]]]] = {}
     for i, c in enumerate(chunks):
         ref = c.request.lora
@@ -67,6 +123,8 @@ def step_groups(chunks: list[Any], last_rows: list[int] | None, weights_of: Call
         else:
             rows = torch.cat([torch.arange(a, b) for a, b in spans])
         out.append((weights_of(ref), rows))
+        if keys is not None:
+            keys.append(ref.key)
     return out
 
 
@@ -92,9 +150,52 @@ def group_weights(w: LoraWeights, layer: int, projs: tuple[str, ...], widths: tu
     return g
 
 
+def stacked(ctx: LoraContext, layer: int, projs: tuple[str, ...], widths: tuple[int, ...]
+            ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The step's adapters' group weights stacked for batched matmuls (A [n, in, R], B [n, R, out], ranks padded
+    with zeros, an adapter without these projections all zeros); None when none of them has any. Cached per adapter
+    set (the last 4 sets)."""
+    b = ctx.batched
+    assert b is not None
+    cache = ctx.stacks.get(b.keys)
+    if cache is None:
+        if len(ctx.stacks) >= 4:
+            ctx.stacks.pop(next(iter(ctx.stacks)))
+        cache = ctx.stacks[b.keys] = {}
+    key = (layer, projs)
+    if key in cache:
+        return cache[key]
+    gs = [group_weights(w, layer, projs, widths) for w, _ in ctx.groups]
+    found = [g for g in gs if g is not None]
+    out = None
+    if found:
+        r = max(g.a_t.shape[1] for g in found)
+        like = found[0].a_t
+        a = like.new_zeros(len(gs), like.shape[0], r)
+        bt = like.new_zeros(len(gs), r, sum(widths))
+        for k, g in enumerate(gs):
+            if g is not None:
+                a[k, :, :g.a_t.shape[1]] = g.a_t
+                bt[k, :g.b_t.shape[0]] = g.b_t
+        out = (a, bt)
+    cache[key] = out
+    return out
+
+
 def add_delta(ctx: LoraContext, layer: int, projs: tuple[str, ...], widths: tuple[int, ...], x: torch.Tensor,
               y: torch.Tensor) -> None:
     """y[rows of a] += x[rows of a]'s delta of every adapter of the step (x [T, in], y [T, sum widths])."""
+    b = ctx.batched
+    if b is not None:
+        ab = stacked(ctx, layer, projs, widths)
+        if ab is not None:
+            xs = x.index_select(0, b.perm).view(len(ctx.groups), b.m, x.shape[1])
+            d = torch.bmm(torch.bmm(xs, ab[0]), ab[1]).view(-1, y.shape[1])
+            mask = b.mask(d.dtype)
+            if mask is not None:
+                d.mul_(mask)
+            y.index_add_(0, b.perm, d)
+        return
     for w, rows in ctx.groups:
         g = group_weights(w, layer, projs, widths)
         if g is None:

@@ -67,12 +67,13 @@ class RunnerLora:
 
     def begin(self, plan: SchedulePlan, step: StepBatch) -> None:
         """Set the step's rows per adapter (before its forward)."""
-        groups = step_groups(plan.chunks, step.last_rows, self.registry.weights) if _any_lora(plan) else []
-        self.ctx.groups = groups
+        keys: list[str] = []
+        groups = step_groups(plan.chunks, step.last_rows, self.registry.weights, keys) if _any_lora(plan) else []
+        self.ctx.set(groups, keys)
         step.lora = groups or None
 
     def end(self) -> None:
-        self.ctx.groups = []
+        self.ctx.clear()
 
 
 def _any_lora(plan: SchedulePlan) -> bool:
