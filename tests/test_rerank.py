@@ -67,9 +67,19 @@ def test_rerank_orders_documents_by_the_cross_encoders_score(server, reference, 
     assert out["model"] == "cross" and out["usage"]["total_tokens"] > 0
 
 
+def score_tokens(server) -> float:
+    """/metrics' prompt tokens of kind score (a cross-encoder's pairs, told apart from generate and embed)."""
+    import re
+    text = httpx.get(server.base_url + "/metrics", timeout=10).text
+    return float(re.search(r'^modelcall:prompt_tokens_by_kind_total{kind="score",model_name="cross"} (\S+)$', text,
+                           re.M).group(1))
+
+
 def test_score_pairs_one_to_many_and_many_to_many(server, reference):
     texts = [d if isinstance(d, str) else d["text"] for d in DOCS]
+    before = score_tokens(server)
     one = httpx.post(server.base_url + "/v1/score", json={"text_1": QUERY, "text_2": texts}, timeout=60).json()
+    assert score_tokens(server) - before == one["usage"]["prompt_tokens"] > 0
     many = httpx.post(server.base_url + "/score", json={"text_1": [QUERY] * 2, "text_2": texts[:2]}, timeout=60).json()
     assert [d["index"] for d in one["data"]] == list(range(len(texts)))
     assert max(abs(d["score"] - s) for d, s in zip(one["data"], reference)) <= 1e-4
