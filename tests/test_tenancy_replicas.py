@@ -9,6 +9,7 @@ in seconds; the Ray path hands the same store setting to every replica with the 
 """
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -21,9 +22,11 @@ import pytest
 from keys_util import write_keys
 from redis_server import redis_server  # noqa: F401 (the module-scoped fixture)
 
+from modelcall.plugins.auth.keys_cli import run_revoke
+
 pytestmark = pytest.mark.slow
 
-STORM, BUDGET = "mc-storm-key", "mc-budget-key"
+STORM, BUDGET, OTHER = "mc-storm-key", "mc-budget-key", "mc-other-key"
 R = 10            # the storm key's requests per minute
 B = 150           # the budget key's tokens per UTC day
 MAX_TOKENS = 8
@@ -44,9 +47,14 @@ def _start(args: list[str]) -> tuple[subprocess.Popen, str]:
 
 
 @pytest.fixture(scope="module")
-def servers(redis_server, tmp_path_factory):  # noqa: F811
-    keys = write_keys(tmp_path_factory.mktemp("keys") / "keys.toml", {
-        STORM: {"name": "storm", "rpm": R}, BUDGET: {"name": "budget", "daily_tokens": B}})
+def keys_file(tmp_path_factory):
+    return write_keys(tmp_path_factory.mktemp("keys") / "keys.toml", {
+        STORM: {"name": "storm", "rpm": R}, BUDGET: {"name": "budget", "daily_tokens": B}, OTHER: {"name": "other"}})
+
+
+@pytest.fixture(scope="module")
+def servers(redis_server, keys_file):  # noqa: F811
+    keys = keys_file
     with ThreadPoolExecutor(len(FAILS)) as pool:  # started together: ~1 start's wall time
         started = list(pool.map(lambda fail: _start(["--api-keys", str(keys), "--quota-store", redis_server.url,
                                                       "--quota-store-fail", fail]), FAILS))
@@ -108,3 +116,15 @@ def test_a_storm_over_four_servers_keeps_the_limits_and_outages_fail_as_configur
     after = [_ask(url, BUDGET) for url in servers]
     assert [r.status_code for r in after] == [429] * 4   # the budget spent before the outage still counts
     assert _day_tokens(redis_server, "budget") == charged
+
+
+def test_a_key_revoked_in_the_file_is_refused_by_every_server_within_a_second(servers, keys_file):
+    assert all(_ask(url, OTHER).status_code == 200 for url in servers)
+    assert run_revoke(argparse.Namespace(name="other", keys_file=str(keys_file))) == 0  # `modelcall keys revoke`
+    changed = time.monotonic()
+    refused_after: dict[str, float] = {}
+    while len(refused_after) < len(servers) and time.monotonic() - changed < 3:
+        for url in servers:
+            if url not in refused_after and _ask(url, OTHER).status_code == 401:
+                refused_after[url] = time.monotonic() - changed
+    assert len(refused_after) == len(servers) and max(refused_after.values()) < 1.0, refused_after
