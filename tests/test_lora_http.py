@@ -144,6 +144,8 @@ def test_runtime_updates_are_off_unless_the_operator_enables_them(tmp_path, demo
     with ServerThread(lora_modules={}, runtime_lora_updates=False) as server:
         r = httpx.post(server.base_url + "/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/tmp"})
         assert r.status_code == 404 and "--allow-runtime-lora-updates" in r.json()["error"]["message"]
+        paths = httpx.get(server.base_url + "/openapi.json").json()["paths"]
+        assert {"/v1/load_lora_adapter", "/v1/unload_lora_adapter"} <= set(paths)
 
 
 def test_ledger_usage_report_metrics_and_traces_name_the_adapter(lora_server):

@@ -69,8 +69,6 @@ def create_app(kernel: Kernel, settings: ServerSettings | None = None, *, middle
     add("POST", "/v1/responses/{response_id}/cancel", responses.cancel)
     add("GET", "/v1/responses/{response_id}/input_items", responses.input_items)
     add("GET", "/v1/models", models)
-    add("POST", "/v1/load_lora_adapter", _json_route(lora_routes.LoadLoraAdapter, lora_routes.load))
-    add("POST", "/v1/unload_lora_adapter", _json_route(lora_routes.UnloadLoraAdapter, lora_routes.unload))
     add("POST", "/v1/embeddings", _json_route(EmbeddingRequest, embeddings.handle))
     for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
         add("POST", path, _json_route(rerank.RerankRequest, rerank.rerank))
@@ -79,7 +77,7 @@ def create_app(kernel: Kernel, settings: ServerSettings | None = None, *, middle
     add("GET", "/health", health)
     add("GET", "/ready", ready)
     add("GET", "/-/stats", stats)
-    extra = [*tokenizer_routes(ctx), *hook_routes, *routes]  # tokenizer routes: vLLM's /tokenize, /detokenize, ...
+    extra = [*tokenizer_routes(ctx), *lora_routes.routes(_json_route), *hook_routes, *routes]  # vLLM's /tokenize, ...
     for method, path, handler in extra:
         add(method, path, handler)
     doc = msgspec.json.encode(openapi.document(extra_paths=_extra_paths(extra)))

@@ -40,6 +40,7 @@ def _catalog(ctx: ServingContext, name: str):   # noqa: ANN202 - a core.lora.Lor
 
 
 async def load(request: web.Request, ctx: ServingContext, body: LoadLoraAdapter) -> web.Response:
+    """Load a LoRA adapter at run time (vLLM's load_lora_adapter; admin keys, when the operator allows it)."""
     catalog = _catalog(ctx, body.lora_name)
     if body.load_inplace:
         raise ApiError(400, "load_inplace is not supported: unload the adapter, then load it again", param="load_inplace")
@@ -48,6 +49,18 @@ async def load(request: web.Request, ctx: ServingContext, body: LoadLoraAdapter)
 
 
 async def unload(request: web.Request, ctx: ServingContext, body: UnloadLoraAdapter) -> web.Response:
+    """Unload a LoRA adapter (vLLM's unload_lora_adapter; admin keys, when the operator allows it)."""
     catalog = _catalog(ctx, body.lora_name)
     catalog.unload(body.lora_name)
     return web.Response(text=f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
+
+
+def routes(json_route) -> list[tuple[str, str, object]]:   # noqa: ANN001 - app._json_route
+    """The two routes as (method, path, handler), listed in /openapi.json with the other extra routes."""
+    out = []
+    for path, body, fn in (("/v1/load_lora_adapter", LoadLoraAdapter, load),
+                           ("/v1/unload_lora_adapter", UnloadLoraAdapter, unload)):
+        handler = json_route(body, fn)
+        handler.__doc__ = fn.__doc__
+        out.append(("POST", path, handler))
+    return out
