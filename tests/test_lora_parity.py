@@ -184,3 +184,16 @@ async def test_prompt_logprobs_and_speculation_on_an_adapter(served, make_kernel
     want = reference_outputs(base, adapters["all16"], [ids], MAX_TOKENS)[0]
     assert [s.token_ids for s in spoken] == [want, want]
     assert accepted >= MAX_TOKENS // 2, "the retry's drafts were meant to be accepted"
+
+
+async def test_a_tied_embeddings_family_with_qk_norms(tmp_path, demo_model_dir, make_kernel):
+    """Qwen3 with tied embeddings (and per-head q/k norms): an adapter on every projection equals PEFT's merge."""
+    from lora_adapters import build_adapter
+
+    base = build_family("qwen3", str(tmp_path / "qwen3"), demo_model_dir, tie_word_embeddings=True)
+    adapter = build_adapter(base, str(tmp_path / "ad"), seed=5, **ADAPTERS["all16"])
+    want = reference_outputs(base, adapter, PROMPTS, MAX_TOKENS)
+    async with make_kernel(model=base, dtype="float32", lora_modules={"all16": adapter}) as kernel:
+        done = await _run_all(kernel, [("all16", i) for i in range(len(PROMPTS))] + [(None, 0)])
+    assert [done[("all16", i)].token_ids for i in range(len(PROMPTS))] == want
+    assert done[(None, 0)].token_ids != want[0]
