@@ -45,7 +45,7 @@ class Run:
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
         self.events: list[tuple[float, str, Any]] = []
-        self.ttft: dict[str, list[float]] = {}
+        self.ttft: dict[str, list[tuple[float, float]]] = {}   # (received, ttft)
         self.queue: dict[str, list[float]] = {}
         self.finished_at: dict[str, list[float]] = {}
         self.tokens: dict[str, int] = {}
@@ -58,7 +58,7 @@ class Run:
         async for ev in handle:
             self.events.append((ev.ts, tenant, ev))
             if type(ev).__name__ == "Finished":
-                self.ttft.setdefault(tenant, []).append(ev.timings.ttft_s)
+                self.ttft.setdefault(tenant, []).append((ev.timings.received, ev.timings.ttft_s))
                 self.queue.setdefault(tenant, []).append(ev.timings.queue_s)
                 self.finished_at.setdefault(tenant, []).append(time.monotonic())
                 self.tokens[tenant] = self.tokens.get(tenant, 0) + ev.usage.prompt_tokens + ev.usage.completion_tokens
@@ -104,7 +104,10 @@ async def burst_and_trickle(args: argparse.Namespace, policy: str | None) -> dic
             await asyncio.sleep(args.b_every_s)
         await asyncio.gather(*burst, *trickle)
         a_time = (max(run.finished_at["A"]) - t0) if policy else 0.0
-    return {"b_ttft_p50_s": statistics.median(run.ttft["B"]), "b_ttft_max_s": max(run.ttft["B"]),
+    # NOTE: only B's requests that arrived while A's burst was still being served (an idle engine's are the baseline)
+    end = t0 + a_time if policy else float("inf")
+    b = [ttft for received, ttft in run.ttft["B"] if received < end] or [float("nan")]
+    return {"b_ttft_p50_s": statistics.median(b), "b_ttft_max_s": max(b), "b_during_burst": len(b),
             "b_queue_p50_s": statistics.median(run.queue["B"]),
             "a_tokens_per_s": run.tokens.get("A", 0) / a_time if a_time else 0.0, "a_seconds": a_time}
 
