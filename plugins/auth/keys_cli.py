@@ -125,5 +125,5 @@ def run_revoke(args: argparse.Namespace) -> int:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    print(f"revoked {args.name!r} in {path}; running servers apply it within a second (they watch the file)")
+    print(f"revoked {args.name!r} in {path}; running servers apply it within a second (they watch the file; SIGHUP applies it at once)")
     return 0

@@ -78,9 +78,10 @@ class FairQueue:
 
     def peek(self) -> Request:
         tenants = self._levels[min(self._levels)]
-        counters = self.vtc.counters
-        # NOTE: ties (a tenant just lifted to the least counter) go to the earlier head arrival.
-        tenant = min(tenants, key=lambda t: (counters.get(t, 0.0), next(iter(tenants[t].values())).arrival))
+        counters, waiting = self.vtc.counters, self._waiting_of
+        # NOTE: a tenant just lifted ties with the least counter; ties go to the tenant with fewer requests
+        # waiting (the one that just arrived, not the backlog), then to the earlier head arrival.
+        tenant = min(tenants, key=lambda t: (counters.get(t, 0.0), waiting[t], next(iter(tenants[t].values())).arrival))
         return next(iter(tenants[tenant].values()))
 
     def pop(self) -> Request:
