@@ -79,7 +79,8 @@ def provide_kv_cache(config: Any, spec: Any, num_blocks: int, eviction_policy: A
 def provide_waiting_queue(config: Any) -> Any:
     """Return an empty `modelcall.core.policies.WaitingQueue` (the order in which waiting requests
     are admitted), or None. The built-in (`waiting_queue = "default"`) orders by
-    `config.scheduling_policy`: arrival (fcfs) or lowest priority value first (priority).
+    `config.scheduling_policy`: arrival (fcfs) or lowest priority value first (priority); for
+    `fair` the fair_share plugin answers (priority, then the tenant served the fewest tokens).
 
     Only the admission order: the built-in scheduler (`provide_scheduler`) keeps batching, chunked
     prefill and preemption and takes whichever queue answered. Optional: when no plugin answers
