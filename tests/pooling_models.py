@@ -44,11 +44,13 @@ def xlm_roberta(tmp: Path, pooling: str = "mean") -> str:
         special_tokens=[("<s>", tok.token_to_id("<s>")), ("</s>", tok.token_to_id("</s>"))])
     base = tmp / "xlm-roberta-base"
     XLMRobertaTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", sep_token="</s>",
-                            cls_token="<s>", unk_token="<unk>", pad_token="<pad>", mask_token="<mask>").save_pretrained(base)
+                            cls_token="<s>", unk_token="<unk>", pad_token="<pad>",
+                            mask_token="<mask>").save_pretrained(base)
     torch.manual_seed(0)
     XLMRobertaModel(XLMRobertaConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
                                      num_attention_heads=4, intermediate_size=128, max_position_embeddings=130,
-                                     pad_token_id=1, bos_token_id=0, eos_token_id=2, initializer_range=INIT)).save_pretrained(base)
+                                     pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                                     initializer_range=INIT)).save_pretrained(base)
     return save_sentence_transformer(base, tmp / "xlm-roberta", pooling)
 
 
