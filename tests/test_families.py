@@ -89,7 +89,6 @@ def test_family_logits_match_transformers_on_ragged_batches(family, portable, mo
     """Logits, not only argmax: every sampled row of random mixed steps (prefill chunks, whole prompts,
     decodes) within 1e-4 of transformers' forward, through the C kernel and the portable torch path."""
     import torch
-    import test_runner
     from test_runner import drive_ragged_steps, make_runner
     from transformers import AutoModelForCausalLM
 
@@ -102,24 +101,7 @@ def test_family_logits_match_transformers_on_ragged_batches(family, portable, mo
         pytest.skip("no C compiler here")
     hf = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval()
     runner = make_runner(model_dir)
-    monkeypatch.setattr(test_runner, "Blocks", _group_blocks(len(runner.groups)))
-    assert drive_ragged_steps(runner, hf, seed=3) < 1e-4, name
-
-
-def _group_blocks(num_groups: int) -> type:
-    """test_runner's allocator, growing the tables of every KV group (mixed full/sliding models)."""
-    import test_runner
-
-    from modelcall.core.plan import GROUP_TABLES
-
-    class GroupBlocks(test_runner.Blocks):
-        def grow(self, req, n: int) -> None:
-            super().grow(req, n)
-            for table in req.extra.setdefault(GROUP_TABLES, [[] for _ in range(num_groups - 1)]):
-                while len(table) < len(req.block_table):
-                    table.append(self.free.pop())
-
-    return GroupBlocks
+    assert drive_ragged_steps(runner, hf, seed=3) < 1e-4, name   # one block table per KV group (test_runner.Blocks)
 
 
 @pytest.mark.parametrize("name", ["mistral_window", "gemma3", "gpt_oss"])

@@ -13,7 +13,7 @@ from family_models import build_family
 from test_runner import Blocks, drive_ragged_steps, make_runner
 
 from modelcall.core import Request, SamplingParams, ScheduledChunk, SchedulePlan
-from modelcall.plugins.runner import fused_ops, lean, packing
+from modelcall.plugins.runner import fused_ops, lean, lean_gemma, packing
 
 pytestmark = pytest.mark.skipif(fused_ops.load() is None, reason="no C compiler here")
 LEAN_FAMILIES = ["llama3", "qwen2", "qwen3", "mistral_window"]
@@ -29,7 +29,7 @@ def one_thread_after():
 @pytest.fixture(scope="module")
 def family_dirs(demo_model_dir):
     root = tempfile.mkdtemp()
-    dirs = {name: build_family(name, f"{root}/{name}", demo_model_dir) for name in LEAN_FAMILIES}
+    dirs = {name: build_family(name, f"{root}/{name}", demo_model_dir) for name in [*LEAN_FAMILIES, "gemma3"]}
     dirs["demo"] = demo_model_dir
     return dirs
 
@@ -53,12 +53,38 @@ def test_lean_stack_fp32_matches_transformers_on_ragged_batches(name, family_dir
     assert drive_ragged_steps(runner, hf, seed=5) < 1e-4, name
 
 
+def test_gemma3_stack_fp32_matches_transformers_on_ragged_batches(family_dirs, monkeypatch):
+    """Gemma 3 (lean_gemma.py): four (1 + w) norms a layer, q/k norms, GELU-tanh, sliding and full layers with their
+    own rotary tables, the scaled embedding; ragged steps past the 8-token window."""
+    from transformers import AutoModelForCausalLM
+    model_dir = family_dirs["gemma3"]
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval()
+    runner = make_runner(model_dir, plugin_config={"runner": {"lean": True}})
+    assert isinstance(runner.lean, lean_gemma.GemmaStack)
+    assert {L.table for L in runner.lean.layers} == {"sliding_attention", "full_attention"}
+    no_hf_layers(runner, monkeypatch)
+    assert drive_ragged_steps(runner, hf, seed=7) < 1e-4
+    # only fp32 (Gemma rounds after the weight product in bf16, the fused ops before it); "auto" wants quantized
+    # linears (GGUF), so a dense fp32 checkpoint keeps transformers' modules
+    assert make_runner(model_dir, dtype="bfloat16", plugin_config={"runner": {"lean": True}}).lean is None
+    assert make_runner(model_dir).lean is None
+
+
+def test_gelu_tanh_mul_equals_torch():
+    gen = torch.Generator().manual_seed(3)
+    gate, up = torch.randn(5, 200, generator=gen) * 4, torch.randn(5, 200, generator=gen)
+    out = torch.empty_like(gate)
+    fused_ops.gelu_tanh_mul(gate, up, out)
+    want = torch.nn.functional.gelu(gate, approximate="tanh") * up
+    torch.testing.assert_close(out, want, rtol=2e-6, atol=2e-6)
+
+
 def lockstep_logits(runners: list, seed: int) -> list[list[torch.Tensor]]:
     """The same random mixed steps (prefill chunks, whole prompts, decodes) through each runner: per step, each
     runner's logits."""
     rng = random.Random(seed)
     vocab = runners[0].spec.vocab_size
-    blocks = Blocks(rng)
+    blocks = Blocks(rng, len(runners[0].groups))
     reqs = [Request(f"r{i}", [rng.randrange(10, vocab) for _ in range(n)], SamplingParams(temperature=0),
                     max_tokens=16) for i, n in enumerate([1, 4, 13, 17, 33, 40])]
     out = []
@@ -222,7 +248,7 @@ def _qwen2_mixed_windows(out_dir: str, tokenizer_dir: str) -> str:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("name", ["llama3", "qwen2_mixed_windows"])
+@pytest.mark.parametrize("name", ["llama3", "qwen2_mixed_windows", "gemma3"])
 async def test_lean_greedy_through_the_kernel_equals_generate(name, family_dirs, demo_model_dir, make_kernel, events,
                                                               tmp_path):
     """Through the whole kernel with the lean stack forced (fp32): transformers' greedy tokens under concurrency,
@@ -238,11 +264,11 @@ async def test_lean_greedy_through_the_kernel_equals_generate(name, family_dirs,
     model_dir = family_dirs[name] if name in family_dirs else _qwen2_mixed_windows(str(tmp_path), demo_model_dir)
     cfg = AutoConfig.from_pretrained(model_dir)
     groups = len(kv_groups(layer_windows(cfg), cfg.num_hidden_layers))
-    assert (groups > 1) == (name == "qwen2_mixed_windows")
+    assert (groups > 1) == (name in ("qwen2_mixed_windows", "gemma3"))
     refs = greedy_continuations(model_dir, PROMPTS, MAX_TOKENS)
     async with make_kernel(model=model_dir, dtype="float32", block_size=16, num_kv_blocks=7 * groups,
                            max_num_batched_tokens=16, plugin_config={"runner": {"lean": True}}) as kernel:
-        assert isinstance(kernel.runner.lean, lean.LeanStack)
+        assert isinstance(kernel.runner.lean, lean_gemma.GemmaStack if name == "gemma3" else lean.LeanStack)
         first = await kernel.complete(prompt_token_ids=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0,
                                       ignore_eos=True)
         results = await _run_all(kernel, list(range(1, len(PROMPTS))))

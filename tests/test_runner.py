@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from modelcall.core import Kernel, KernelConfig, Request, SamplingParams, ScheduledChunk, SchedulePlan
+from modelcall.core.plan import GROUP_TABLES
 from modelcall.plugins.runner import plugin as runner_plugin
 from modelcall.plugins.runner.runner import TorchModelRunner
 from modelcall.plugins.sampler.sampler import TorchSampler
@@ -32,16 +33,20 @@ def make_runner(model_dir: str, **config) -> TorchModelRunner:
 
 
 class Blocks:
-    """The smallest block allocator: hands out fresh block ids, shuffled so tables are not contiguous."""
+    """The smallest block allocator: hands out fresh block ids, shuffled so tables are not contiguous; with several
+    KV groups (sliding and full layers), one table per group (the others in the request's GROUP_TABLES)."""
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, groups: int = 1) -> None:
         self.free = list(range(512))
         rng.shuffle(self.free)
+        self.groups = groups
 
     def grow(self, req: Request, n: int) -> None:
         need = -(-(req.num_computed_tokens + n) // BLOCK)
-        while len(req.block_table) < need:
-            req.block_table.append(self.free.pop())
+        tables = [req.block_table, *req.extra.setdefault(GROUP_TABLES, [[] for _ in range(self.groups - 1)])]
+        for table in tables:
+            while len(table) < need:
+                table.append(self.free.pop())
 
 
 def drive_ragged_steps(runner: TorchModelRunner, hf_model, seed: int, tol: float = 1e-4) -> float:
@@ -49,7 +54,7 @@ def drive_ragged_steps(runner: TorchModelRunner, hf_model, seed: int, tol: float
     the largest difference between the runner's logits and transformers' at every sampled position."""
     rng = random.Random(seed)
     vocab = runner.spec.vocab_size
-    blocks = Blocks(rng)
+    blocks = Blocks(rng, len(runner.groups))
     reqs = [Request(f"r{i}", [rng.randrange(10, vocab) for _ in range(n)], SamplingParams(temperature=0),
                     max_tokens=16) for i, n in enumerate([1, 2, 5, 13, 16, 17, 30, 41])]
     worst, checked = 0.0, 0

@@ -21,8 +21,6 @@ pytestmark = pytest.mark.skipif(not cuda_attention.interpreting(),
 
 @pytest.mark.parametrize("name", ["gemma2", "gpt_oss"])
 def test_runner_logits_through_the_triton_kernel_match_transformers(name, tmp_path, demo_model_dir, monkeypatch):
-    import test_runner
-    from test_families import _group_blocks
     from test_runner import drive_ragged_steps, make_runner
     from transformers import AutoModelForCausalLM
 
@@ -36,7 +34,6 @@ def test_runner_logits_through_the_triton_kernel_match_transformers(name, tmp_pa
     fresh = []
     real_fresh = cuda_attention.fresh_group
     monkeypatch.setattr(cuda_attention, "fresh_group", lambda *a: fresh.append(a[5].q_len) or real_fresh(*a))
-    monkeypatch.setattr(test_runner, "Blocks", _group_blocks(len(runner.groups)))
     assert drive_ragged_steps(runner, hf, seed=3) < 1e-4, name
     assert 1 in calls and max(calls) > 1, "both the decode and the varlen prefill shapes ran"
     # whole prompts longer than the 8-token window (both families), soft-capped (Gemma 2) or with sinks (gpt-oss)

@@ -7,6 +7,7 @@ Each replaces a run of small torch ops (one dispatch and one pass over memory ea
                   rotated in place from a cos/sin
                   table row per token position
     silu_mul      out = silu(gate) * up             HF: silu, mul
+    gelu_tanh_mul out = gelu_tanh(gate) * up        HF (Gemma): gelu_pytorch_tanh, mul
 
 The arithmetic is transformers': fp32 math, rounded to the activation dtype wherever the HF module rounds
 (bf16: after the residual add, the normalized value before the weight, each rotary product and their sum,
@@ -31,7 +32,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.add_rmsnorm.argtypes = [_p, _i64, _p, _i64, _p, _i64, _p, _i64, _i64, _f, _int, _int]
     lib.rope.argtypes = [_p, _i64, _i64, _i64, _i64, _i64, _p, _p, _p, _p, _p, _f, _int, _int]
     lib.silu_mul.argtypes = [_p, _i64, _p, _i64, _p, _i64, _i64, _i64, _int, _int]
-    for fn in (lib.add_rmsnorm, lib.rope, lib.silu_mul):
+    lib.gelu_tanh_mul.argtypes = [_p, _i64, _p, _i64, _p, _i64, _i64, _i64, _int, _int]
+    for fn in (lib.add_rmsnorm, lib.rope, lib.silu_mul, lib.gelu_tanh_mul):
         fn.restype = None
 
 
@@ -75,3 +77,10 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor) -> None:
     rows, n = gate.shape
     _LIB.lib.silu_mul(gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), out.data_ptr(), out.stride(0),
                   rows, n, _bf(gate), torch.get_num_threads())
+
+
+def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor) -> None:
+    """out = gelu(gate, approximate="tanh") * up, [rows, n] each (row strides free), as Gemma's MLP computes it."""
+    rows, n = gate.shape
+    _LIB.lib.gelu_tanh_mul(gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), out.data_ptr(), out.stride(0),
+                       rows, n, _bf(gate), torch.get_num_threads())

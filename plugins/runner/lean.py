@@ -14,9 +14,10 @@ In fp32 with packed linears the o and down GEMMs make the residual add themselve
 `_epilogues`), and add_rmsnorm then only normalizes. In a step of decodes and short chunks (no fresh prompt), rope,
 the K/V write and attention are one C call per layer (plain_decode.py).
 
-Taken for the families in FAMILIES whose modules have the shapes read below (else transformers' modules run,
-as for every other family). `runner.lean` in the plugin config: "auto" (default: bf16 on CPU, and fp32 when the
-runner packed the linears: `_packed_fp32`), true (any fp32 too: the parity tests), false (never).
+Taken for the families in FAMILIES whose modules have the shapes read below, and for Gemma 3 (lean_gemma.py: its
+layer has four norms, GELU and two rotary tables), else transformers' modules run, as for every other family.
+`runner.lean` in the plugin config: "auto" (default: bf16 on CPU, and fp32 when the runner packed the linears:
+`_packed_fp32`), true (any fp32 too: the parity tests), false (never).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from modelcall.plugins.runner import attention, cpu_kernel, decode_stack, fused_ops, packing, plain_decode, quant
+from modelcall.plugins.runner import attention, cpu_kernel, decode_stack, fused_ops, heap, packing, plain_decode, quant
 from modelcall.plugins.runner.batch import StepBatch
 
 log = logging.getLogger("modelcall.runner")
@@ -57,6 +58,14 @@ class Layer:
     # fp32 with packed linears (see _epilogues): the residual adds inside the GEMMs as oneDNN post-ops
     o_add: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None      # (a, h) -> h + o(a)
     down_add: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None   # (a, h) -> h + down(a)
+
+    def gate_and_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """gate(x), up(x): the two halves of one GEMM's result when they are fused."""
+        if self.gate_up is not None:
+            gate, up = self.gate_up(x).chunk(2, 1)
+            return gate, up
+        assert self.gate is not None and self.up is not None
+        return self.gate(x), self.up(x)
 
 
 def _linear(mod: Any) -> Linear | None:
@@ -97,8 +106,13 @@ def _fused_quant(parts: list[Any]) -> Linear | None:
     bias = torch.cat([p.bias for p in parts]) if parts[0].bias is not None else None
     if len({p.qweight.qtype for p in parts}) == 1:   # rows are independent: concatenated blocks are one weight
         k = parts[0].qweight.shape[1]
-        qw = quant.qweight_from_bytes(torch.cat([p.qweight.data for p in parts]), parts[0].qweight.qtype,
-                                      sum(p.qweight.shape[0] for p in parts), k)
+        data = torch.cat([p.qweight.data for p in parts])
+        at = 0
+        for p in parts:   # NOTE: each part's weight becomes a view of its rows of the fused one, so the model holds
+            rows = p.qweight.data.shape[0]   # one copy (Gemma 3's resident memory bar); the old blocks are freed
+            p.qweight = quant.QWeight(data[at:at + rows], p.qweight.qtype, p.qweight.shape)
+            at += rows
+        qw = quant.qweight_from_bytes(data, parts[0].qweight.qtype, sum(p.qweight.shape[0] for p in parts), k)
         return quant.QuantLinear(qw, bias, int8=parts[0].int8).forward
     bounds, at = [], 0
     for p in parts:
@@ -142,6 +156,10 @@ class LeanStack:
         cos, sin = self.rotary(like[:1].view(1, 1, 1), position_ids=ids)
         self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()
 
+    def rope_table(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cos/sin table `layer` rotates by (one for every layer here)."""
+        return self.cos, self.sin
+
     def forward(self, step: StepBatch) -> torch.Tensor:
         """The final-normed hidden states [T, hidden] of `step` (its K/V written), as the HF model's forward."""
         ids, pos = step.input_ids[0], step.positions[0]
@@ -179,10 +197,7 @@ class LeanStack:
             else:
                 fused_ops.add_rmsnorm(L.o(o.reshape(tokens, nq * d)), h, x, L.norm2, eps)
             nxt = self.final_norm if i == last else self.layers[i + 1].norm1
-            if L.gate_up is not None:
-                gate, up = L.gate_up(x).chunk(2, 1)
-            else:
-                gate, up = L.gate(x), L.up(x)
+            gate, up = L.gate_and_up(x)
             if act is None:
                 act = gate.new_empty(gate.shape)
             fused_ops.silu_mul(gate, up, act)
@@ -199,6 +214,9 @@ def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows
     """The lean stack for `model` when `mode` and the model allow it, else None (transformers' modules run)."""
     if mode in (False, "off", "false"):
         return None
+    if getattr(hf_config, "model_type", "") in ("gemma3_text",):   # four norms a layer, GELU, two rotary tables
+        from modelcall.plugins.runner import lean_gemma
+        return lean_gemma.build(base, hf_config, windows, mode, plain)   # type: ignore[return-value]
     embed = getattr(base, "embed_tokens", None)
     norm = getattr(base, "norm", None)
     if not isinstance(embed, torch.nn.Embedding) and type(embed).__name__ != "QuantEmbedding" or norm is None:
@@ -242,10 +260,12 @@ def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows
     d = layers[0].attn.head_dim
     stack = LeanStack(base, layers, float(base.norm.variance_epsilon),
                       (int(hf_config.num_attention_heads), int(hf_config.num_key_value_heads), int(d)))
-    if plain not in (False, "off", "false") and all(L.window is None for L in layers) and cpu_kernel.load() is not None:
+    if plain not in (False, "off", "false") and cpu_kernel.load() is not None:
         stack.plain = plain_decode.DecodeAttention(stack)
     if cstack not in (False, "off", "false"):
         stack.cstack = decode_stack.DecodeStack.build(stack, projections)
+    if _quantized(base):
+        heap.release_free_memory()   # the fused weights' old blocks (_fused_quant), kept by the raised malloc thresholds
     log.info("lean decoder stack: %d %s layers (%s; plain decode steps in one call per layer: %s, all layers in one "
              "call: %s)", len(layers), hf_config.model_type, dtype, stack.plain is not None, stack.cstack is not None)
     return stack

@@ -286,18 +286,20 @@ typedef void (*rope_fn_t)(void *, int64_t, int64_t, int64_t, int64_t, int64_t, c
 typedef struct {
     rope_fn_t rope;
     const int64_t *pos;            /* [n] each token's position: its cos/sin row */
-    const void *cos, *sin;         /* [positions][d] in the activations' dtype */
-    const int64_t *slot_mapping;   /* [n] the cache slot of each token's new K/V */
-    const int64_t *tok_seq, *tok_pos, *slots;   /* paged_attention's */
-    int64_t n, row_stride, nq, nkv, d, max_ctx, min_split;
+    const int64_t *tok_seq, *tok_pos;   /* paged_attention's */
+    int64_t n, row_stride, nq, nkv, d, min_split;
     float eps;
     int bf16, kvt, nthreads;
 } decode_step_t;
 
-/* One layer's part of it (plain_decode.LayerArgs) */
+/* One layer's part of it (plain_decode.LayerArgs): its cache, norms and scale, and what differs between KV groups
+ * (sliding and full layers: their own slot mapping and slot tables) and layer types (Gemma's rotary tables) */
 typedef struct {
     void *kc, *vc;
-    const void *q_norm, *k_norm;   /* Qwen3's per-head norms, else NULL */
+    const void *q_norm, *k_norm;   /* Qwen3's and Gemma's per-head norms, else NULL */
+    const int64_t *slot_mapping, *slots;   /* the layer's KV group's */
+    const void *cos, *sin;                 /* the layer's rotary table */
+    int64_t max_ctx, window;               /* slots' row length; the sliding window (0: none) */
     float scale;
 } decode_layer_t;
 
@@ -306,14 +308,14 @@ typedef struct {
  * same calls, in the same order, as attention.paged_attention makes for such a step, so the same bits. Why: every
  * call from Python between two GEMMs pays for an interpreter evicted by the weight stream (plain_decode.py). */
 void decode_layer_attention(const decode_step_t *s, const decode_layer_t *l, void *qkv, void *out) {
-    s->rope(qkv, s->n, s->row_stride, s->nq, s->nkv, s->d, s->pos, s->cos, s->sin, l->q_norm, l->k_norm, s->eps,
+    s->rope(qkv, s->n, s->row_stride, s->nq, s->nkv, s->d, s->pos, l->cos, l->sin, l->q_norm, l->k_norm, s->eps,
             s->bf16, s->nthreads);
     const int64_t es = s->bf16 ? 2 : 4;
     const char *k = (const char *)qkv + s->nq * s->d * es, *v = k + s->nkv * s->d * es;
-    write_kv(k, v, s->row_stride, s->bf16, l->kc, l->vc, s->kvt, s->slot_mapping, s->n, s->nkv * s->d);
+    write_kv(k, v, s->row_stride, s->bf16, l->kc, l->vc, s->kvt, l->slot_mapping, s->n, s->nkv * s->d);
     paged_attention(qkv, s->bf16, s->row_stride, out, s->bf16, l->kc, l->vc, s->kvt, s->tok_seq, s->tok_pos,
-                    s->slots, s->max_ctx, s->n, s->nq, s->nkv, s->d, l->scale, 0, 0.f, NULL, NULL, s->nthreads,
-                    s->min_split);
+                    l->slots, l->max_ctx, s->n, s->nq, s->nkv, s->d, l->scale, l->window, 0.f, NULL, NULL,
+                    s->nthreads, s->min_split);
 }
 
 /* Pin the calling thread and the OpenMP team it leads (torch's too: one runtime) to cpus[0..n).

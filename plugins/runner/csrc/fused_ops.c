@@ -4,6 +4,7 @@
  *     rope          q, k of the packed QKV rows rotated in place from a cos/sin table row per token position
  *                   (after Qwen3's per-head RMSNorm when its weights are given)
  *     silu_mul      out = silu(gate) * up
+ *     gelu_tanh_mul out = gelu_tanh(gate) * up (Gemma's gelu_pytorch_tanh)
  *
  * The arithmetic is transformers': fp32 math, rounded to the activation dtype wherever the HF module rounds
  * (bf16: after the residual add, the normalized value before the weight, each rotary product and their sum,
@@ -163,5 +164,29 @@ void silu_mul(const void *g, int64_t gs, const void *u, int64_t us, void *out, i
         void *orow = (char *)out + r * os * es;
         if (bf) silu_mul_row(gr, ur, orow, n, 1);
         else silu_mul_row(gr, ur, orow, n, 0);
+    }
+}
+
+static inline void gelu_tanh_mul_row(const void *g, const void *u, void *out, int64_t n, const int bf) {
+    /* torch's gelu(approximate="tanh"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+    const float beta = 0.7978845608028654f, kappa = 0.044715f;
+    #pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        const float a = ld(g, i, bf);
+        const float inner = beta * (a + kappa * a * a * a);
+        st(out, i, rnd(0.5f * a * (1.f + tanhf(inner)), bf) * ld(u, i, bf), bf);
+    }
+}
+
+/* out[r] = gelu_tanh(g[r]) * u[r] */
+void gelu_tanh_mul(const void *g, int64_t gs, const void *u, int64_t us, void *out, int64_t os, int64_t rows,
+                   int64_t n, int bf, int nt) {
+    const int es = bf ? 2 : 4;
+    #pragma omp parallel for num_threads(nt) if (nt > 1 && rows * n >= PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const void *gr = (const char *)g + r * gs * es, *ur = (const char *)u + r * us * es;
+        void *orow = (char *)out + r * os * es;
+        if (bf) gelu_tanh_mul_row(gr, ur, orow, n, 1);
+        else gelu_tanh_mul_row(gr, ur, orow, n, 0);
     }
 }
