@@ -35,13 +35,14 @@ class StackLayer(ctypes.Structure):
     """csrc/decode_stack.c's stack_layer_t."""
 
     _fields_ = [("qkv", QPart * 3), ("gate_up", QPart * 2), ("o", QPart), ("down", QPart), ("n_qkv", _int),
-                ("n_gate_up", _int), ("norm2", _p), ("next_norm", _p), ("attention", _p)]
+                ("n_gate_up", _int), ("norm2", _p), ("next_norm", _p), ("post_attn", _p), ("post_ff", _p),
+                ("attention", _p)]
 
 
 class Stack(ctypes.Structure):
     """csrc/decode_stack.c's stack_t."""
 
-    _fields_ = [("qmatmul", _p), ("qmatmul_int8", _p), ("attention", _p), ("add_rmsnorm", _p), ("silu_mul", _p),
+    _fields_ = [("qmatmul", _p), ("qmatmul_int8", _p), ("attention", _p), ("add_rmsnorm", _p), ("act_mul", _p),
                 ("attention_step", _p),
                 ("layers", ctypes.POINTER(StackLayer)), ("n_layers", _i64), ("tokens", _i64), ("hidden", _i64),
                 ("inter", _i64), ("qkv_width", _i64), ("attn_width", _i64), ("h", _p), ("x", _p), ("qkv", _p),
@@ -103,7 +104,10 @@ class DecodeStack:
                 col += q.out_features
             a.n_qkv, a.n_gate_up = len(qkv), len(gate_up)
             a.o, a.down = _part(o[0], 0), _part(down[0], 0)
-            a.norm2 = L.norm2.data_ptr()
+            pre_ff = getattr(L, "pre_ff", None)   # Gemma (lean_gemma.GemmaLayer): norm2 is the post-attention norm
+            a.norm2 = (pre_ff if pre_ff is not None else L.norm2).data_ptr()
+            if pre_ff is not None:
+                a.post_attn, a.post_ff = L.norm2.data_ptr(), L.post_ff.data_ptr()
             a.next_norm = (stack.final_norm if i == n - 1 else stack.layers[i + 1].norm1).data_ptr()
             a.attention = plain.layer_addrs[i]
         hidden = stack.final_norm.shape[0]
@@ -113,7 +117,7 @@ class DecodeStack:
             qmatmul_int8=ctypes.cast(quant.load().quant_qmatmul_int8, _p).value,
             attention=ctypes.cast(cpu_kernel.load().decode_layer_attention, _p).value,
             add_rmsnorm=ctypes.cast(fused_ops.load().add_rmsnorm, _p).value,
-            silu_mul=ctypes.cast(fused_ops.load().silu_mul, _p).value,
+            act_mul=ctypes.cast(getattr(fused_ops.load(), stack.act_mul), _p).value,
             attention_step=plain.step_addr, layers=self.layers, n_layers=n, hidden=hidden, inter=self.inter,
             qkv_width=(stack.num_q + 2 * stack.num_kv) * stack.head_dim, attn_width=stack.num_q * stack.head_dim,
             eps=stack.eps)

@@ -144,6 +144,7 @@ class LeanStack:
         self.eps = eps
         self.num_q, self.num_kv, self.head_dim = heads
         self.cos = self.sin = self.final_norm.new_empty(0, self.head_dim)
+        self.act_mul = "silu_mul"   # fused_ops' activation-times-up, by name (the decode stack calls it too)
         self.plain: plain_decode.DecodeAttention | None = None   # set by build() (plain_decode.py)
         self.cstack: decode_stack.DecodeStack | None = None      # set by build() (decode_stack.py)
 
@@ -216,7 +217,7 @@ def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows
         return None
     if getattr(hf_config, "model_type", "") in ("gemma3_text",):   # four norms a layer, GELU, two rotary tables
         from modelcall.plugins.runner import lean_gemma
-        return lean_gemma.build(base, hf_config, windows, mode, plain)   # type: ignore[return-value]
+        return lean_gemma.build(base, hf_config, windows, mode, plain, cstack)   # type: ignore[return-value]
     embed = getattr(base, "embed_tokens", None)
     norm = getattr(base, "norm", None)
     if not isinstance(embed, torch.nn.Embedding) and type(embed).__name__ != "QuantEmbedding" or norm is None:
@@ -245,12 +246,8 @@ def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows
             log.info("lean decoder not used: layer %d's linears are not packed the expected way", i)
             return None
         if projections is not None:
-            qkv_parts = decode_stack.parts_of(qkv, [attn.q_proj, attn.k_proj, attn.v_proj])
-            gu_parts = (decode_stack.parts_of(gate_up, [mlp.gate_proj, mlp.up_proj]) if gate_up is not None else
-                        _joined(decode_stack.parts_of(gate, [mlp.gate_proj]), decode_stack.parts_of(up, [mlp.up_proj])))
-            four = (qkv_parts, decode_stack.parts_of(o, [attn.o_proj]), gu_parts,
-                    decode_stack.parts_of(down, [mlp.down_proj]))
-            projections = None if any(p is None for p in four) else projections + [four]
+            four = quant_parts(attn, mlp, qkv, o, gate_up, gate, up, down)
+            projections = None if four is None else projections + [four]
         qn, kn = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
         layers.append(Layer(attn, qkv, o, gate_up, gate, up, down, layer.input_layernorm.weight,
                             layer.post_attention_layernorm.weight, qn.weight if qn is not None else None,
@@ -269,6 +266,17 @@ def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows
     log.info("lean decoder stack: %d %s layers (%s; plain decode steps in one call per layer: %s, all layers in one "
              "call: %s)", len(layers), hf_config.model_type, dtype, stack.plain is not None, stack.cstack is not None)
     return stack
+
+
+def quant_parts(attn: Any, mlp: Any, qkv: Linear, o: Linear, gate_up: Linear | None, gate: Linear | None,
+                up: Linear | None, down: Linear) -> tuple[Any, ...] | None:
+    """One layer's four projections as the decode stack takes them (decode_stack.parts_of each), None when any is
+    not quantized that way."""
+    qkv_parts = decode_stack.parts_of(qkv, [attn.q_proj, attn.k_proj, attn.v_proj])
+    gu_parts = (decode_stack.parts_of(gate_up, [mlp.gate_proj, mlp.up_proj]) if gate_up is not None else
+                _joined(decode_stack.parts_of(gate, [mlp.gate_proj]), decode_stack.parts_of(up, [mlp.up_proj])))
+    four = (qkv_parts, decode_stack.parts_of(o, [attn.o_proj]), gu_parts, decode_stack.parts_of(down, [mlp.down_proj]))
+    return None if any(p is None for p in four) else four
 
 
 def _joined(a: list | None, b: list | None) -> list | None:

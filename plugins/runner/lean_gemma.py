@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from modelcall.plugins.runner import attention, cpu_kernel, fused_ops, lean, plain_decode
+from modelcall.plugins.runner import attention, cpu_kernel, decode_stack, fused_ops, lean, plain_decode
 from modelcall.plugins.runner.batch import StepBatch
 
 log = logging.getLogger("modelcall.runner")
@@ -58,8 +58,9 @@ class GemmaStack:
         self.num_q, self.num_kv, self.head_dim = heads
         self.tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.positions = 0
+        self.act_mul = "gelu_tanh_mul"   # fused_ops' name (the decode stack calls it too)
         self.plain: plain_decode.DecodeAttention | None = None   # set by build()
-        self.cstack = None
+        self.cstack: decode_stack.DecodeStack | None = None      # set by build()
 
     def rope_table(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The cos/sin table of `layer`'s type (plain_decode reads it)."""
@@ -92,6 +93,9 @@ class GemmaStack:
         act: torch.Tensor | None = None
         plain = (self.plain if self.plain is not None and step.lora is None
                  and self.plain.prepare(step, pos, tokens, h.dtype) else None)
+        if plain is not None and self.cstack is not None and tokens <= self.cstack.max_tokens(h.dtype):
+            self.cstack.run(h, x)   # every layer in one C call: the loop below, over quantized weights
+            return x
         for i, L in enumerate(self.layers):
             qkv = L.qkv(x)
             if plain is not None:   # rope, K/V write and attention in one C call (plain_decode.py)
@@ -114,8 +118,8 @@ class GemmaStack:
         return x
 
 
-def build(base: torch.nn.Module, hf_config: Any, windows: tuple[int, ...], mode: Any,
-          plain: Any = "auto") -> GemmaStack | None:
+def build(base: torch.nn.Module, hf_config: Any, windows: tuple[int, ...], mode: Any, plain: Any = "auto",
+          cstack: Any = "auto") -> GemmaStack | None:
     """The Gemma stack for `base` when `mode` and the model allow it (fp32 on CPU; "auto": quantized linears),
     else None (transformers' modules run)."""
     norm = getattr(base, "norm", None)
@@ -130,6 +134,7 @@ def build(base: torch.nn.Module, hf_config: Any, windows: tuple[int, ...], mode:
         log.info("lean decoder not used for gemma3: %s", why)
         return None
     layers = []
+    projections: list[tuple[Any, ...]] | None = []   # each layer's quantized weights, for the decode stack
     for i, layer in enumerate(base.layers):
         attn, mlp = layer.self_attn, layer.mlp
         qkv = lean._fused([attn.q_proj, attn.k_proj, attn.v_proj])
@@ -140,6 +145,9 @@ def build(base: torch.nn.Module, hf_config: Any, windows: tuple[int, ...], mode:
         if qkv is None or o is None or down is None or (gate_up is None and (gate is None or up is None)):
             log.info("lean decoder not used: layer %d's linears are not packed the expected way", i)
             return None
+        if projections is not None:
+            four = lean.quant_parts(attn, mlp, qkv, o, gate_up, gate, up, down)
+            projections = None if four is None else projections + [four]
         layers.append(GemmaLayer(attn, qkv, o, gate_up, gate, up, down, _unit(layer.input_layernorm),
                                  _unit(layer.post_attention_layernorm), _unit(attn.q_norm), _unit(attn.k_norm),
                                  float(attn.scaling), windows[i] or None, pre_ff=_unit(layer.pre_feedforward_layernorm),
@@ -148,9 +156,11 @@ def build(base: torch.nn.Module, hf_config: Any, windows: tuple[int, ...], mode:
                                                             int(hf_config.num_key_value_heads), int(attn.head_dim)))
     if plain not in (False, "off", "false") and cpu_kernel.load() is not None:
         stack.plain = plain_decode.DecodeAttention(stack)   # type: ignore[arg-type]
+    if cstack not in (False, "off", "false"):
+        stack.cstack = decode_stack.DecodeStack.build(stack, projections)   # type: ignore[arg-type]
     lean.heap.release_free_memory()   # the fused weights' old blocks (lean._fused_quant)
     log.info("lean decoder stack: %d gemma3 layers (float32; plain decode steps in one call per layer: %s, all "
-             "layers in one call: no)", len(layers), stack.plain is not None)
+             "layers in one call: %s)", len(layers), stack.plain is not None, stack.cstack is not None)
     return stack
 
 

@@ -11,6 +11,9 @@
  *               h  += o(a);  x = rmsnorm2(h)
  *               gu  = [gate | up](x);  act = silu(gate) * up
  *               h  += down(act); x = next layer's rmsnorm1(h), or the final norm after the last
+ *
+ * Gemma 3 (lean_gemma.py) norms the attention's and the MLP's outputs before each residual add (o and down each
+ * followed by a norm in place: post_attn, post_ff) and multiplies by gelu_tanh(gate) instead of silu(gate).
  */
 #include <stdint.h>
 
@@ -19,8 +22,8 @@ typedef int (*qmatmul_fn)(int, const uint8_t *, int64_t, int64_t, int64_t, const
 typedef void (*attention_fn)(const void *, const void *, void *, void *);
 typedef void (*add_rmsnorm_fn)(const void *, int64_t, void *, int64_t, void *, int64_t, const void *, int64_t,
                                int64_t, float, int, int);
-typedef void (*silu_mul_fn)(const void *, int64_t, const void *, int64_t, void *, int64_t, int64_t, int64_t, int,
-                            int);
+typedef void (*act_mul_fn)(const void *, int64_t, const void *, int64_t, void *, int64_t, int64_t, int64_t, int,
+                           int);
 
 /* one quantized weight writing columns [col, col + n) of its projection's output */
 typedef struct {
@@ -33,7 +36,9 @@ typedef struct {
 typedef struct {
     qpart_t qkv[3], gate_up[2], o, down;
     int n_qkv, n_gate_up;
-    const void *norm2, *next_norm;   /* post-attention norm; the next layer's input norm (the final norm last) */
+    const void *norm2, *next_norm;   /* the norm after the attention's residual add (Llama's post-attention norm,
+                                        Gemma's pre-feedforward one); the next layer's input norm (the final norm last) */
+    const void *post_attn, *post_ff; /* Gemma's norms of o's and down's outputs before their residual adds; else NULL */
     const void *attention;           /* this layer's decode_layer_t */
 } stack_layer_t;
 
@@ -41,7 +46,7 @@ typedef struct {
     qmatmul_fn qmatmul, qmatmul_int8;
     attention_fn attention;
     add_rmsnorm_fn add_rmsnorm;
-    silu_mul_fn silu_mul;
+    act_mul_fn act_mul;              /* fused_ops' silu_mul, or gelu_tanh_mul (Gemma) */
     const void *attention_step;      /* the step's decode_step_t */
     const stack_layer_t *layers;
     int64_t n_layers, tokens, hidden, inter, qkv_width, attn_width;
@@ -72,11 +77,13 @@ int decode_stack(const stack_t *s) {
         if (rc) return rc;
         s->attention(s->attention_step, L->attention, s->qkv, s->attn);
         if ((rc = project(s, &L->o, 1, s->attn, s->attn_width, s->tmp, H))) return rc;
+        if (L->post_attn) s->add_rmsnorm(0, 0, s->tmp, H, s->tmp, H, L->post_attn, T, H, s->eps, s->bf16, s->nthreads);
         s->add_rmsnorm(s->tmp, H, s->h, H, s->x, H, L->norm2, T, H, s->eps, s->bf16, s->nthreads);
         if ((rc = project(s, L->gate_up, L->n_gate_up, s->x, H, s->gu, 2 * I))) return rc;
-        s->silu_mul(s->gu, 2 * I, (const char *)s->gu + I * (s->bf16 ? 2 : 4), 2 * I, s->act, I, T, I, s->bf16,
-                    s->nthreads);
+        s->act_mul(s->gu, 2 * I, (const char *)s->gu + I * (s->bf16 ? 2 : 4), 2 * I, s->act, I, T, I, s->bf16,
+                   s->nthreads);
         if ((rc = project(s, &L->down, 1, s->act, I, s->tmp, H))) return rc;
+        if (L->post_ff) s->add_rmsnorm(0, 0, s->tmp, H, s->tmp, H, L->post_ff, T, H, s->eps, s->bf16, s->nthreads);
         s->add_rmsnorm(s->tmp, H, s->h, H, s->x, H, L->next_norm, T, H, s->eps, s->bf16, s->nthreads);
     }
     return 0;
