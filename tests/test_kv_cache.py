@@ -11,6 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kv_invariants import check_pool, check_whole
 
 from modelcall.core import KernelConfig, ModelSpec, Request, SamplingParams
+from modelcall.core.lora import LoraRef
 from modelcall.plugins.kv_cache import PagedKVCache
 from modelcall.plugins.kv_cache import plugin as kv_plugin
 from modelcall.plugins.kv_cache.free_queue import LRUFreeQueue
@@ -20,8 +21,8 @@ _ids = itertools.count()
 
 def make_request(prompt: list[int], *, salt: str | None = None, adapter: str | None = None) -> Request:
     req = Request(f"r{next(_ids)}", list(prompt), SamplingParams(), max_tokens=64, cache_salt=salt)
-    if adapter is not None:
-        req.extra["adapter"] = adapter
+    if adapter is not None:   # as the entry sets it: the adapter's name and the key of its load
+        req.lora = LoraRef(name=adapter, key=f"{adapter}@1")
     return req
 
 
