@@ -20,7 +20,7 @@ from modelcall.events import Preempted
 
 pytestmark = pytest.mark.anyio
 
-MAX_TOKENS = 8
+MAX_TOKENS = 16
 _rng = random.Random(39)
 _PREFIX = [_rng.randrange(10, 2048) for _ in range(20)]   # five full blocks of 4: prefix-cache hits
 PROMPTS = [_PREFIX + [_rng.randrange(10, 2048) for _ in range(_rng.randrange(1, 9))] for _ in range(2)] + [
@@ -57,18 +57,24 @@ async def _run_all(kernel: Kernel, jobs: list[tuple[str | None, int]]) -> dict[t
 @pytest.mark.parametrize("lean", [False, True], ids=["hf_modules", "lean_stack"])
 async def test_mixed_adapter_batches_equal_peft_merged_generate(served, lean, make_kernel, events):
     base, adapters, refs = served
-    # 40 blocks of 4 hold the 5 cached prefixes, or about four requests (the longest is 28 + 8 tokens): the second
-    # wave waits or is preempted; a 12-token step budget cuts every prompt into chunks
-    async with make_kernel(model=base, dtype="float32", block_size=4, num_kv_blocks=40, max_num_batched_tokens=12,
-                           lora_modules=adapters, plugin_config={"runner": {"lean": lean}}) as kernel:
+    runner = {"runner": {"lean": lean}}
+    # 64 blocks of 4 hold the first wave (5 requests of at most 11 blocks), so its 5 prefixes stay cached for the
+    # second; a 12-token step budget cuts every prompt into chunks
+    async with make_kernel(model=base, dtype="float32", block_size=4, num_kv_blocks=64, max_num_batched_tokens=12,
+                           lora_modules=adapters, plugin_config=runner) as kernel:
         mixes = _record_mixes(kernel)
         first = await _run_all(kernel, [(name, 0) for name in NAMES])   # each adapter's prefix into the cache
-        rest = await _run_all(kernel, [(name, i) for i in (1, 2) for name in NAMES])
+        hits = [await _run_all(kernel, [(name, 1)]) for name in NAMES]  # one at a time: each finds its own prefix
         check_whole(kernel.kv)
-    done = first | rest
-    for (name, i), result in sorted(done.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+    # 20 blocks hold about two requests: 15 at once wait, and those running are preempted as they grow
+    async with make_kernel(model=base, dtype="float32", block_size=4, num_kv_blocks=20, max_num_batched_tokens=12,
+                           lora_modules=adapters, plugin_config=runner) as kernel:
+        mixes += _record_mixes(kernel)
+        crowd = await _run_all(kernel, [(name, i) for i in range(len(PROMPTS)) for name in NAMES])
+        check_whole(kernel.kv)
+    for (name, i), result in [*first.items(), *(kv for h in hits for kv in h.items()), *crowd.items()]:
         assert result.token_ids == refs[name][i], f"adapter {name}, prompt {i}"
-    assert sum(1 for name in NAMES if done[(name, 1)].usage.cached_tokens) >= 3, "few prefix-cache hits"
+    assert all(result.usage.cached_tokens >= 16 for h in hits for result in h.values()), "a prefix was not hit"
     assert events.of(Preempted), "the pool was meant to force preemption"
     assert max(m[:2] for m in mixes) == (4, True), "no step mixed the 4 adapters and the base"
     assert {m[2] for m in mixes if m[0] > 1} == {True, False}, "both the batched and the per-adapter path ran"

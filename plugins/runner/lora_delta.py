@@ -72,6 +72,9 @@ class LoraContext:
         self.stacks: dict[tuple[str, ...], dict] = {}
 
     def set(self, groups: list[tuple[LoraWeights, Rows]], keys: list[str]) -> None:
+        if len(groups) > 1:   # NOTE: in key order, so one set of adapters is one stack whatever the plan's order
+            order = sorted(range(len(keys)), key=keys.__getitem__)
+            groups, keys = [groups[i] for i in order], [keys[i] for i in order]
         self.groups = groups
         self.batched = batch_rows(groups, keys) if len(groups) > 1 else None
 
