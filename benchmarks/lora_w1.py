@@ -89,8 +89,9 @@ async def main() -> None:
     names = sorted(adapters)
     tokens = sum(r.get("max_tokens", 128) for r in rows)
 
-    def config(model: str, **kw) -> KernelConfig:
-        return KernelConfig(model=model, threads=args.threads, kv_cache_memory_gb=1.0, dtype=args.dtype,
+    def config(model: str, kv_gb: float = 0.25, **kw) -> KernelConfig:
+        # NOTE: W1 needs ~0.13 GB of bf16 KV (32 x 256 tokens); 10 kernels of the default 1 GB ran out of memory
+        return KernelConfig(model=model, threads=args.threads, kv_cache_memory_gb=kv_gb, dtype=args.dtype,
                             plugin_config={"runner": {"cpu_bind": "auto"}}, **kw)
 
     figures: dict[str, list[float]] = {"base": [], "multi": [], "merged": [], "swap": []}
@@ -98,7 +99,7 @@ async def main() -> None:
         base = await stack.enter_async_context(Kernel(config(args.model)))
         multi = await stack.enter_async_context(Kernel(config(args.model, lora_modules=adapters,
                                                               max_loras=NUM_ADAPTERS)))
-        singles = {n: await stack.enter_async_context(Kernel(config(merged[n]))) for n in names}
+        singles = {n: await stack.enter_async_context(Kernel(config(merged[n], kv_gb=0.05))) for n in names}
         plans = {
             "base": [[(base, r, None) for r in rows]],
             "multi": [[(multi, r, names[i % NUM_ADAPTERS]) for i, r in enumerate(rows)]],
@@ -119,7 +120,7 @@ async def main() -> None:
                 print(f"run {run + 1} {mode:6s} W1 {figures[mode][-1]:.1f} tok/s", flush=True)
             t0 = time.perf_counter()
             for n in names:
-                async with Kernel(config(merged[n])) as one:
+                async with Kernel(config(merged[n], kv_gb=0.05)) as one:
                     await run_rows([(one, r, None) for i, r in enumerate(rows) if names[i % NUM_ADAPTERS] == n])
             figures["swap"].append(tokens / (time.perf_counter() - t0))
             print(f"run {run + 1} swap   W1 {figures['swap'][-1]:.1f} tok/s", flush=True)
