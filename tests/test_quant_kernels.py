@@ -300,22 +300,30 @@ def test_quant_linear_small_and_large_token_counts(kernel):
         assert (err <= 2 ** -6 * want.abs().amax(-1, keepdim=True)).all()
 
 
-@pytest.mark.parametrize("name", ["F16", "BF16", "Q8_0"])
+@pytest.mark.parametrize("name", ["F16", "BF16", "Q8_0", "Q8_0/r16"])
 def test_float_weights_leave_the_kernel_for_the_gemm_sooner_than_block_weights(name, monkeypatch):
     """F16/BF16 weights have no integer dot products to gain from: from 17 rows of fp32 activations their matmul is
-    torch's GEMM over a converted copy (issue 38: F16 prefill), block types keep the kernel up to 128 rows."""
-    n, k = 24, 256
-    raw = weight_bytes(name, n, k, seed=4)
-    lin = Q.QuantLinear(Q.qweight_from_bytes(raw, T[name], n, k))
+    torch's GEMM over a converted copy (issue 38: F16 prefill), block types in their plain layouts keep the kernel up
+    to 128 rows, and r16 ones at every size."""
+    n, k = 32, 256
+    base = name.removesuffix("/r16")
+    raw = weight_bytes(base, n, k, seed=4)
+    qw = Q.qweight_from_bytes(raw, T[base], n, k)
+    if name.endswith("/r16"):
+        if not Q.r16_available():
+            pytest.skip("no r16 kernels on this CPU")
+        qw = Q.repack_r16(qw)
+    lin = Q.QuantLinear(qw)
     calls = []
     real = Q.qmatmul
     monkeypatch.setattr(Q, "qmatmul", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
-    limit = 16 if name in ("F16", "BF16") else 128
-    assert Q.dense_from_tokens(torch.float32, T[name]) == limit
-    for tokens in (limit, limit + 1):
+    limit = {"F16": 16, "BF16": 16, "Q8_0": 128, "Q8_0/r16": Q.NEVER_DENSE}[name]
+    assert Q.dense_from_tokens(torch.float32, qw.qtype) == limit
+    sizes = (limit, limit + 1) if limit < 1024 else (129, 1024)
+    for tokens in sizes:
         x = torch.randn(tokens, k)
-        assert_matmul_close(lin(x), x, reference(raw, name))
-    assert calls == [limit]   # the kernel at the limit, the GEMM past it
+        assert_matmul_close(lin(x), x, reference(raw, base))
+    assert calls == ([limit] if limit < 1024 else list(sizes))   # the kernel up to the limit, the GEMM past it
 
 
 def test_without_the_c_library_the_numpy_fallback_gives_the_same_results(monkeypatch):

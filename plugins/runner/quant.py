@@ -310,16 +310,22 @@ def quantize(w: torch.Tensor, qtype: int) -> QWeight:
 # row of x, so from 16-32 rows torch's GEMM over a converted copy wins with fp32 activations too. NOTE: one
 # thread, Zen 4, /tmp script of issue 38 (min of 15 calls, loaded machine), F16 kernel / dequantize + fp32
 # linear: 576x1536 16 rows 532 / 435 us, 32: 1057 / 717, 128: 12683 / 2618; 576x576 16: 148 / 168, 32: 291 / 268.
+# r16 weights (quant_repack.py) with fp32 activations keep the kernel at every size: its integer dot products on
+# 16 rows at once beat an fp32 GEMM over a dequantized copy at prefill sizes too. NOTE: one thread, Zen 4, /tmp
+# script of issue 38 (min of 7 calls, loaded machine), kernel / dequantize + fp32 linear: Q8_0 1536x576 128 rows
+# 1438 / 4092 us, 512: 10609 / 28055, 1024: 16433 / 32244; Q4_0 576x1536 512: 6340 / 19261; Q4_K 640x2048 512:
+# 17901 / 30518.
 DENSE_FROM_TOKENS = 16          # bf16 activations, and float weights with any activations
-DENSE_FROM_TOKENS_FP32 = 128    # fp32 activations over quantized blocks
+DENSE_FROM_TOKENS_FP32 = 128    # fp32 activations over quantized blocks in their plain layouts
+NEVER_DENSE = 1 << 40           # fp32 activations over r16 blocks
 
 
 def dense_from_tokens(dtype: torch.dtype, qtype: int | None = None) -> int:
-    """Tokens above which a matmul with activations of `dtype` over weights of `qtype` (None: a block type) is
-    faster dequantized + torch's (see the NOTE)."""
+    """Tokens above which a matmul with activations of `dtype` over weights of `qtype` (None: a block type in its
+    plain layout) is faster dequantized + torch's (see the NOTEs)."""
     if dtype != torch.float32 or qtype in _FLOAT_TYPES:
         return DENSE_FROM_TOKENS
-    return DENSE_FROM_TOKENS_FP32
+    return NEVER_DENSE if qtype is not None and qtype >= R16_OFF else DENSE_FROM_TOKENS_FP32
 
 
 class QuantLinear(torch.nn.Module):

@@ -5,8 +5,9 @@ widen each weight to fp32 (exact, but compute-bound at 5-8 GB/s on one Zen 4 cor
 interleaved: the same information in another order, Q4_K 3% larger) let integer dot products sum 16 rows at once:
 the activation row is quantized per 32 values to int16 (an error of |x| / 65534: results within ~3e-5 of the fp32
 path's, so greedy output keeps to transformers' reference) or, with `int8_activations`, to int8 as llama.cpp does
-(faster still, and llama.cpp's numerics: top-1 agreement with the fp32 reference fell to 97% on SmolLM2). Prefill
-chunks of more than quant.dense_from_tokens rows still go through the dequantized GEMM.
+(faster still, and llama.cpp's numerics: top-1 agreement with the fp32 reference fell to 97% on SmolLM2). With fp32
+activations prefill chunks of any size stay on these kernels too (quant.dense_from_tokens: they beat the dequantized
+fp32 GEMM at every size measured); with bf16 ones, chunks of more than 16 rows take the dequantized bf16 GEMM.
 
 Runner plugin config: `repack` "auto" (default: where the CPU has the kernels: AVX-512 with VNNI) or false (the plain
 layouts); `int8_activations` false (default) or true.
