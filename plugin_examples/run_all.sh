@@ -30,16 +30,27 @@ install() {  # install VENV EXAMPLE_DIR: from a copy, so no build litter lands i
 if [ $# -gt 0 ]; then names=("$@"); else
   names=(); for d in "$root"/plugin_examples/*/; do [ -f "$d/pyproject.toml" ] && names+=("$(basename "$d")"); done
 fi
+run_example() {  # run_example NAME: its own venv, its install, its tests
+  local dir="$root/plugin_examples/$1"
+  # NOTE: run from the scratch folder, so the tests import the installed module, not the source file.
+  new_venv "$scratch/venv-$1" && install "$scratch/venv-$1" "$dir" &&
+    (cd "$scratch" && "$scratch/venv-$1/bin/python" -m pytest -q -p no:cacheprovider "$dir/tests")
+}
+
+# NOTE: EXAMPLE_JOBS examples at a time (default 2, CI's cores): each is one process at a time, most of it the
+# import of torch and transformers, and nothing is shared but the project venv, read only. Each example's output
+# is held in its own log and printed in order when it ends.
+jobs_max=${EXAMPLE_JOBS:-2}
+for name in "${names[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n || true; done
+  (if run_example "$name" >"$scratch/$name.log" 2>&1; then echo 0; else echo 1; fi >"$scratch/$name.rc") &
+done
+wait
 failed=()
 for name in "${names[@]}"; do
-  dir="$root/plugin_examples/$name"
   echo "== $name"
-  new_venv "$scratch/venv-$name"
-  install "$scratch/venv-$name" "$dir"
-  # NOTE: run from the scratch folder, so the tests import the installed module, not the source file.
-  if ! (cd "$scratch" && "$scratch/venv-$name/bin/python" -m pytest -q -p no:cacheprovider "$dir/tests"); then
-    failed+=("$name")
-  fi
+  cat "$scratch/$name.log"
+  [ "$(cat "$scratch/$name.rc")" = 0 ] || failed+=("$name")
 done
 
 echo "== all examples in one venv"
