@@ -48,8 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base-url", required=True)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--every", type=int, default=1, metavar="N", help="every Nth question only (a quick look)")
     a = p.parse_args(argv)
-    summary, wrong = score(a.base_url, evalset.load(), a.workers)
+    summary, wrong = score(a.base_url, evalset.load()[::a.every], a.workers)
     print(json.dumps({"summary": summary, "wrong": wrong}, indent=1, ensure_ascii=False))
     return 0
 

@@ -6,9 +6,9 @@ import json
 import random
 from typing import Any
 
-from modelcall.plugins.demo_model import corpus
+from modelcall.plugins.demo_model import corpus, evalset
 from modelcall.plugins.demo_model.rows import render
-from modelcall.plugins.demo_model.tools import calculator, evaluate, format_number, weather_of
+from modelcall.plugins.demo_model.tools import TOOLS, calculator, evaluate, format_number, weather_of
 
 
 def measure(model_dir: str, *, threads: int = 1, n: int = 40) -> dict[str, Any]:
@@ -43,6 +43,60 @@ def measure(model_dir: str, *, threads: int = 1, n: int = 40) -> dict[str, Any]:
     correct = [k in answers and seconds[k][1] in answers[k] for k in range(len(asked))]
     return {"arithmetic_held_out": {"asked": n, "correct": sum(correct[:n])},
             "weather": {"asked": len(asked) - n, "correct": sum(correct[n:])}}
+
+
+def measure_eval(model_dir: str, *, threads: int = 1) -> dict[str, Any]:
+    """The hand-written split (evalset) scored greedily as the agent runs it: evalset.summary's figures."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(threads)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return evalset.summary(*measure_split(tok, model))
+
+
+def measure_split(tok: Any, model: Any, rows: list[dict[str, Any]] | None = None) -> tuple[list, list]:
+    """The hand-written split (evalset) answered greedily as `modelcall agent` runs a task: the first
+    turn; a call run by the tool itself and fed back; the second turn, whose text is the answer (a
+    second call there is a second call, which the judge counts wrong). Returns (rows, verdicts)."""
+    rows = evalset.load() if rows is None else rows
+    tools = corpus.served_tools()
+    chats = [[{"role": "user", "content": r["question"]}] for r in rows]
+    firsts = generate_all(tok, model, chats, tools, max_new=80)
+    calls: dict[int, list[evalset.Call]] = {}
+    seconds: dict[int, list[dict]] = {}
+    for k, text in enumerate(firsts):
+        call = parse_call(text)
+        if call is None:
+            continue
+        arguments = json.dumps(call["arguments"], ensure_ascii=False)
+        status, result = run_tool(call)
+        calls[k] = [evalset.Call(str(call.get("name")), arguments, status, result)]
+        seconds[k] = chats[k] + [
+            {"role": "assistant", "content": "", "tool_calls": [corpus._call(str(call.get("name")), call["arguments"])]},
+            {"role": "tool", "tool_call_id": "call_0_0", "content": result}]
+    answers = dict(zip(seconds, generate_all(tok, model, list(seconds.values()), tools, max_new=80)))
+    verdicts = []
+    for k, row in enumerate(rows):
+        text = answers.get(k, firsts[k])
+        # a call in the answer turn is a second call; a first turn with a call that does not parse is no answer
+        more = [evalset.Call("?", "", "?", "")] if k in answers and "<tool_call>" in text else []
+        answer = None if "<tool_call>" in text else text.split("</think>", 1)[-1].strip()
+        verdicts.append(evalset.judge(row, calls.get(k, []) + more, answer, "answered"))
+    return rows, verdicts
+
+
+def run_tool(call: dict[str, Any]) -> tuple[str, str]:
+    """(status, result) of a parsed call, as the agent runs it: the tool by name, its failure fed back."""
+    tool = {t.name: t for t in TOOLS}.get(str(call.get("name")))
+    if tool is None:
+        return "unknown_tool", f"there is no tool {call.get('name')!r}"
+    try:
+        value = tool.fn(**call["arguments"])
+    except (TypeError, ValueError) as e:
+        return "failed", f"{tool.name} failed: {e}"
+    return "ok", value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
 
 
 def tool_turn(name: str, subject: str, call: dict[str, Any] | None) -> tuple[str, str] | None:

@@ -1,31 +1,38 @@
 """The demo model's tokenizer (plugins/demo_model/train.py trains it): the demo models' BPE recipe on the corpus
-with a split that keeps every unit the model copies whole (a city name, a group of up to three digits, an operator
-with its spaces), then one token for each such unit."""
+with a split that keeps every unit the model copies whole (a group of up to three digits, an operator with its
+spaces, a Han character) and a name the same pieces wherever it stands, then one token for each such unit."""
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from modelcall.plugins.demo_model import corpus
 from modelcall.plugins.demo_model.build import bpe_tokenizer
+from modelcall.plugins.demo_model.places import HAN_NAME_CHARS
 
 MAX_POSITIONS = 2048   # the model's context, the tokenizer's model_max_length
-# Longest first, so "Mexico City" wins over a shorter name; cities as one piece (the space before one
-# apart, so "in Paris" and '"Paris' hold the same token), then numbers in groups of up to three digits,
-# operators with the spaces around them, one piece per Han character, then the stdlib tokenizer's split.
-CITY_NAMES = sorted({name for pair in corpus.CITIES for name in pair}, key=lambda c: (-len(c), c))
-_CITY = "(?:" + "|".join(CITY_NAMES) + ")"
-SPLIT = (r"\s(?=" + _CITY + ")|" + _CITY + r"|\p{N}{1,3}| ?[-+*/=×÷] ?|\p{Han}|(?i:'s|'t|'re|'ve|'m|'ll|'d)"
-         r"|[^\r\n\p{L}\p{N}]?\p{L}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Numbers in groups of up to three digits, operators with the spaces around them, one piece per Han
+# character, Latin letters apart from Han ones (so "Budapest的" splits), and a space before a capitalized
+# word on its own (so "in Reykjavik", '"Reykjavik' and "Reykjavik的" hold the same pieces of the name: a
+# city the model never saw is copied piece by piece), then the stdlib tokenizer's split.
+_LATIN = r"[\p{L}&&[^\p{Han}]]"
+SPLIT = (r"\p{N}{1,3}| ?[-+*/=×÷] ?|\p{Han}|\s(?=\p{Lu})|(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+         r"|[^\r\n\p{L}\p{N}]?" + _LATIN + r"+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def build_tokenizer(texts: list[str]):  # -> transformers.PreTrainedTokenizerFast
     """The demo models' BPE recipe trained on the corpus with this model's split, then one token for
-    every city name and every 1-3 digit group (merges appended, so nothing else tokenizes differently)."""
+    every 1-3 digit group and every Han character of place names and of the corpus (merges appended, so
+    nothing else tokenizes differently)."""
     hf = bpe_tokenizer(lambda tok, trainer: tok.train_from_iterator(texts, trainer), SPLIT, MAX_POSITIONS)
     units = [f"{i}" for i in range(10)] + [f"{i:02d}" for i in range(100)] + [f"{i:03d}" for i in range(1000)]
-    units += [f"{i}" for i in range(10, 1000)] + CITY_NAMES
+    units += [f"{i}" for i in range(10, 1000)] + han_units(texts)
     return _whole_units(hf, units)
+
+
+def han_units(texts: list[str]) -> list[str]:
+    """The Han characters made one token each: the place-name characters and those of the corpus."""
+    seen = {ch for t in texts for ch in t if "\u4e00" <= ch <= "\u9fff"}
+    return sorted(seen | set(HAN_NAME_CHARS))
 
 
 def _byte_chars() -> dict[int, str]:
