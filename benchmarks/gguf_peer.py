@@ -124,6 +124,12 @@ def cpus_for(threads: int, first_cpu: int = 0) -> str:
     return ",".join(str(c) for c in range(first_cpu, first_cpu + threads))
 
 
+def runner_config() -> str:
+    """MODELCALL_BENCH_RUNNER: a JSON object of runner plugin settings modelcall runs the workloads with (e.g.
+    '{"int8_activations": true}': llama.cpp's int8 activations), empty for the defaults."""
+    return os.environ.get("MODELCALL_BENCH_RUNNER", "")
+
+
 def peer_env(engine: str, omp: str | None) -> dict[str, str]:
     """The engine's environment: llama.cpp at its defaults (OMP_WAIT_POLICY unset), modelcall as asked."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
@@ -146,6 +152,8 @@ class Server:
         else:
             argv = [str(MODELCALL), "serve", "--model", str(file), "--threads", str(threads), "--port",
                     str(self.port), "--max-running", str(max(slots, 1))]
+            if runner_config():
+                argv += ["--plugin-config", f"runner={runner_config()}"]
         self.argv = ["taskset", "-c", cpus, *argv]
         self.env = peer_env(engine, omp)
         self.log = log

@@ -17,6 +17,7 @@ venv or modelcall's, so nothing but the standard library is imported at the top.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -75,7 +76,8 @@ class Modelcall:
         import anyio.to_thread
         from modelcall.core import Kernel
         file, threads = self.args
-        async with Kernel(model=file, threads=threads) as self.kernel:
+        runner = json.loads(os.environ.get("MODELCALL_BENCH_RUNNER") or "{}")   # gguf_peer.runner_config
+        async with Kernel(model=file, threads=threads, plugin_config={"runner": runner}) as self.kernel:
             reply(out, {"ready": True})
             while line := await anyio.to_thread.run_sync(sys.stdin.readline):
                 cmd = json.loads(line)
