@@ -5,9 +5,11 @@ and the lowest cosine between the two. With `--vllm PYTHON` (an interpreter with
 process of that interpreter, and its rate and cosine are printed beside.
 
     OMP_NUM_THREADS=1 taskset -c 0 .venv/bin/python benchmarks/embeddings_vs_st.py [--inputs 1000] [--tokens 64]
+        [--min-tokens N]
         [--dtype auto|float32|bfloat16] [--threads 1] [--batch 32] [--rounds 4] [--vllm PEER_VENV/bin/python]
 
-The texts are random word pieces of `--tokens` tokens each ([CLS] and [SEP] included) decoded to text, so every
+The texts are random word pieces of `--tokens` tokens each ([CLS] and [SEP] included; with `--min-tokens`, of a length
+drawn uniformly from min-tokens to tokens, as a RAG corpus's chunks vary) decoded to text, so every
 side tokenizes the same strings. The inputs are split into `--rounds` parts; each part is embedded by every side
 in turn (the order rotating each round), so a shared machine's load falls on all sides alike; a side's rate is
 all inputs over the sum of its parts' times. `--dtype auto` is what `modelcall serve` uses when no dtype is given
@@ -39,6 +41,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--inputs", type=int, default=1000)
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--min-tokens", type=int, help="vary the inputs' lengths from this to --tokens")
     ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batch", type=int, default=32, help="sentence-transformers' batch_size")
@@ -55,10 +58,14 @@ def main() -> None:
     model_dir = fetch.ensure("all-minilm-l6-v2")
     st = SentenceTransformer(model_dir, device="cpu")
     rng = np.random.default_rng(0)
-    texts = [st.tokenizer.decode(rng.integers(2000, 29000, args.tokens - 2).tolist()) for _ in range(args.inputs)]
+    # NOTE: lengths drawn only when asked, so the default's texts stay the ones its recorded figures used
+    lengths = (rng.integers(args.min_tokens, args.tokens + 1, args.inputs) if args.min_tokens
+               else [args.tokens] * args.inputs)
+    texts = [st.tokenizer.decode(rng.integers(2000, 29000, n - 2).tolist()) for n in lengths]
     times, vectors, dtype = asyncio.run(_rounds(model_dir, texts, st, args))
     n, ours_s, st_s = args.inputs, times["modelcall"], times["st"]
-    print(f"{n} inputs x ~{args.tokens} tokens, {args.threads} thread(s), {args.rounds} rounds: modelcall ({dtype}, "
+    size = f"{args.min_tokens}-{args.tokens}" if args.min_tokens else f"~{args.tokens}"
+    print(f"{n} inputs x {size} tokens, {args.threads} thread(s), {args.rounds} rounds: modelcall ({dtype}, "
           f"--dtype {args.dtype}) {n / ours_s:.1f}/s ({ours_s:.2f} s), sentence-transformers encode (float32, batch "
           f"{args.batch}) {n / st_s:.1f}/s ({st_s:.2f} s), ratio {st_s / ours_s:.2f}; cosine to it "
           f"{_cosine_text(vectors['modelcall'], vectors['st'])}", flush=True)

@@ -52,3 +52,21 @@ def test_modernbert_cls_pooling_equals_sentence_transformers(tmp_path):
     assert ours.shape == ref.shape == (len(TEXTS), 64)
     assert min(cosines(ours, ref)) >= 0.9999
     assert server.window == 256 and server.too_long["error"]["param"] == "input[0]"
+
+
+def test_prompts_ending_in_one_step_are_batched_by_length_within_a_padding_share():
+    """The encoder runner splits a step's prompts into batches of similar length (as sentence-transformers sorts by
+    length): equal lengths stay one batch, a long prompt among short ones gets its own, every prompt is in exactly
+    one batch, and no batch pads more than PAD_SHARE of its tokens."""
+    from modelcall.plugins.pooling.encoder import PAD_SHARE, length_groups
+    assert length_groups([64] * 30) == [list(range(30))]
+    assert length_groups([6] * 10 + [100]) == [list(range(10)), [10]]
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        lengths = rng.integers(1, 257, int(rng.integers(1, 64))).tolist()
+        groups = length_groups(lengths)
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        for g in groups:
+            width, real = max(lengths[i] for i in g), sum(lengths[i] for i in g)
+            assert width * len(g) - real <= PAD_SHARE * width * len(g)
+        assert len(groups) <= len(lengths)

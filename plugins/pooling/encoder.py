@@ -104,8 +104,11 @@ class EncoderRunner:
                 raise RuntimeError(f"{req.request_id}: the encoder runner only pools (it generates no tokens)")
             if req.num_computed_tokens + c.num_new_tokens == req.num_prompt_tokens:
                 ending.append((i, req))
-        pooled = self._encode(ending) if ending else None
-        return StepOutput(token_ids=[None] * len(plan.chunks), pooled=pooled, forward_s=time.perf_counter() - t0)
+        pooled = {}
+        for group in length_groups([r.num_prompt_tokens for _, r in ending]):
+            pooled.update(self._encode([ending[g] for g in group]))
+        return StepOutput(token_ids=[None] * len(plan.chunks), pooled=pooled or None,
+                          forward_s=time.perf_counter() - t0)
 
     def _encode(self, ending: list[tuple[int, Any]]) -> dict[int, torch.Tensor]:
         width = max(r.num_prompt_tokens for _, r in ending)
@@ -134,6 +137,31 @@ class EncoderRunner:
 
     def close(self) -> None:
         self.model = None  # type: ignore[assignment]
+
+
+PAD_SHARE = 0.25   # the most of a padded batch's tokens that may be padding before the prompts are split
+
+
+def length_groups(lengths: list[int]) -> list[list[int]]:
+    """The indices of `lengths` (the prompts ending in one step) in batches to encode one after another: sorted by
+    length, a batch grows while its padding stays within PAD_SHARE of its padded tokens.
+
+    NOTE: the step's prompts vary in length as they arrive (a RAG corpus's chunks do), and one batch padded to the
+    longest computes every short prompt at the longest's width, attention included; sentence-transformers sorts by
+    length for the same reason. Fewer, wider batches keep the GEMMs large: equal lengths stay one batch."""
+    groups: list[list[int]] = []
+    rows: list[int] = []
+    real = 0
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        n = lengths[i]   # the batch's width, were prompt i added (sorted: the longest so far)
+        if rows and n * (len(rows) + 1) - (real + n) > PAD_SHARE * n * (len(rows) + 1):
+            groups.append(rows)
+            rows, real = [], 0
+        rows.append(i)
+        real += n
+    if rows:
+        groups.append(rows)
+    return groups
 
 
 def _sep_id(model_dir: str) -> int | None:
