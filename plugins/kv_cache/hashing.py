@@ -23,7 +23,8 @@ def extend_block_hashes(request: Request, num_blocks: int, block_size: int, iden
     """
     hashes = request.block_hashes
     tokens = request.all_token_ids
-    parent = hashes[-1] if hashes else root_key(identity, request.lora.key if request.lora is not None else None, request.cache_salt)
+    adapter = request.lora.key if request.lora is not None else None   # the load key: core.lora.LoraRef
+    parent = hashes[-1] if hashes else root_key(identity, adapter, request.cache_salt)
     for i in range(len(hashes), num_blocks):
         parent = block_key(parent, tokens[i * block_size:(i + 1) * block_size])
         hashes.append(parent)
