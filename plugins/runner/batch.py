@@ -347,4 +347,5 @@ class DecodeState:
         batch.paged_slots = slots[:, :max_ctx].contiguous()
         batch.paged_ctx_lens = [p + 1 for p in pos]
         batch.paged_q_lens = [1] * n
+        batch.last_rows = list(range(n))   # one row a request, in plan order (as _build's would be)
         return batch
