@@ -55,3 +55,11 @@ def test_the_decode_stack_gives_the_per_layer_loops_logits(name, dtype, threads,
 def test_unquantized_models_have_no_decode_stack(family_dirs):
     runner = make_runner(family_dirs["llama3"], dtype="bfloat16")
     assert isinstance(runner.lean, lean.LeanStack) and runner.lean.cstack is None
+
+
+def test_no_decode_stack_when_a_library_it_calls_did_not_build(family_dirs, monkeypatch):
+    """A library that failed to build (a compile timeout under load, no compiler) leaves the per-layer loop, whose
+    linears have their own fallbacks: never a stack holding a null function."""
+    monkeypatch.setattr(quant, "load", lambda: None)
+    runner = make_runner(family_dirs["llama3"], quantization="q8_0")
+    assert runner.lean is not None and runner.lean.cstack is None

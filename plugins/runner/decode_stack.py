@@ -136,6 +136,8 @@ class DecodeStack:
         from parts_of, None anywhere: not taken) and the plain decode path and the library are there."""
         if stack.plain is None or projections is None or _LIB.get() is None:
             return None
+        if quant.load() is None or cpu_kernel.load() is None or fused_ops.load() is None:
+            return None   # the functions it calls live there (one may not have built: a timeout, no compiler)
         if any(p is None or len(p[1]) != 1 or len(p[3]) != 1 or not 1 <= len(p[0]) <= 3 or not 1 <= len(p[2]) <= 2
                for p in projections):
             return None
