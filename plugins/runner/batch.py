@@ -62,7 +62,7 @@ class StepBatch:
     group_slot_mapping: list[torch.Tensor] = field(default_factory=list)
     group_paged_slots: list[torch.Tensor | None] = field(default_factory=list)
     scratch: dict = field(default_factory=dict)  # per-step tensors shared by every layer, built lazily
-    # Each plan chunk's last flat row (None: chunk i is row i, a decode step), and the step's LoRA rows by adapter
+    # Each plan chunk's last flat row (a decode step's: chunk i is row i), and the step's LoRA rows by adapter
     # (lora_delta.step_groups; None: no row runs on an adapter, the fast decode paths may be taken).
     last_rows: list[int] | None = None
     lora: Any = None

@@ -237,19 +237,15 @@ def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows
     projections: list[tuple[Any, ...]] | None = []   # each layer's quantized weights, for the decode stack
     for i, layer in enumerate(base.layers):
         attn, mlp = layer.self_attn, layer.mlp
-        qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj])
-        gate_up = _fused([mlp.gate_proj, mlp.up_proj]) if isinstance(
-            mlp.gate_proj, (packing.FusedPart, quant.QuantLinear)) else None
-        gate, up = (None, None) if gate_up is not None else (_linear(mlp.gate_proj), _linear(mlp.up_proj))
-        o, down = _linear(attn.o_proj), _linear(mlp.down_proj)
-        if qkv is None or o is None or down is None or (gate_up is None and (gate is None or up is None)):
+        lin = layer_linears(attn, mlp)
+        if lin is None:
             log.info("lean decoder not used: layer %d's linears are not packed the expected way", i)
             return None
         if projections is not None:
-            four = quant_parts(attn, mlp, qkv, o, gate_up, gate, up, down)
+            four = quant_parts(attn, mlp, *lin)
             projections = None if four is None else projections + [four]
         qn, kn = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
-        layers.append(Layer(attn, qkv, o, gate_up, gate, up, down, layer.input_layernorm.weight,
+        layers.append(Layer(attn, *lin, layer.input_layernorm.weight,
                             layer.post_attention_layernorm.weight, qn.weight if qn is not None else None,
                             kn.weight if kn is not None else None, float(attn.scaling), windows[i] or None))
     if epilogues not in (False, "off", "false") and dtype == torch.float32:
@@ -266,6 +262,20 @@ def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows
     log.info("lean decoder stack: %d %s layers (%s; plain decode steps in one call per layer: %s, all layers in one "
              "call: %s)", len(layers), hf_config.model_type, dtype, stack.plain is not None, stack.cstack is not None)
     return stack
+
+
+def layer_linears(attn: Any, mlp: Any) -> tuple[Linear, Linear, Linear | None, Linear | None, Linear | None,
+                                                 Linear] | None:
+    """One layer's (qkv, o, gate_up, gate, up, down) as Layer takes them: q|k|v fused, gate|up fused when their
+    weights allow (else apart); None when they are not packed or quantized a way the stack can call."""
+    qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj])
+    gate_up = _fused([mlp.gate_proj, mlp.up_proj]) if isinstance(
+        mlp.gate_proj, (packing.FusedPart, quant.QuantLinear)) else None
+    gate, up = (None, None) if gate_up is not None else (_linear(mlp.gate_proj), _linear(mlp.up_proj))
+    o, down = _linear(attn.o_proj), _linear(mlp.down_proj)
+    if qkv is None or o is None or down is None or (gate_up is None and (gate is None or up is None)):
+        return None
+    return qkv, o, gate_up, gate, up, down
 
 
 def quant_parts(attn: Any, mlp: Any, qkv: Linear, o: Linear, gate_up: Linear | None, gate: Linear | None,

@@ -137,18 +137,14 @@ def build(base: torch.nn.Module, hf_config: Any, windows: tuple[int, ...], mode:
     projections: list[tuple[Any, ...]] | None = []   # each layer's quantized weights, for the decode stack
     for i, layer in enumerate(base.layers):
         attn, mlp = layer.self_attn, layer.mlp
-        qkv = lean._fused([attn.q_proj, attn.k_proj, attn.v_proj])
-        gate_up = lean._fused([mlp.gate_proj, mlp.up_proj]) if isinstance(
-            mlp.gate_proj, (lean.packing.FusedPart, lean.quant.QuantLinear)) else None
-        gate, up = (None, None) if gate_up is not None else (lean._linear(mlp.gate_proj), lean._linear(mlp.up_proj))
-        o, down = lean._linear(attn.o_proj), lean._linear(mlp.down_proj)
-        if qkv is None or o is None or down is None or (gate_up is None and (gate is None or up is None)):
+        lin = lean.layer_linears(attn, mlp)
+        if lin is None:
             log.info("lean decoder not used: layer %d's linears are not packed the expected way", i)
             return None
         if projections is not None:
-            four = lean.quant_parts(attn, mlp, qkv, o, gate_up, gate, up, down)
+            four = lean.quant_parts(attn, mlp, *lin)
             projections = None if four is None else projections + [four]
-        layers.append(GemmaLayer(attn, qkv, o, gate_up, gate, up, down, _unit(layer.input_layernorm),
+        layers.append(GemmaLayer(attn, *lin, _unit(layer.input_layernorm),
                                  _unit(layer.post_attention_layernorm), _unit(attn.q_norm), _unit(attn.k_norm),
                                  float(attn.scaling), windows[i] or None, pre_ff=_unit(layer.pre_feedforward_layernorm),
                                  post_ff=_unit(layer.post_feedforward_layernorm), table=attn.layer_type))
