@@ -7,7 +7,7 @@ an adapter is transformers' `generate` on PEFT's `merge_and_unload()` model, fp3
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 # name -> LoraConfig fields: ranks 8 and 16, different target sets, plain and rsLoRA scaling, another alpha
 ADAPTERS: dict[str, dict[str, Any]] = {
@@ -65,3 +65,19 @@ def reference_outputs(base_dir: str, adapter_dir: str | None, prompts: list[list
                                  eos_token_id=None, pad_token_id=0)
             out.append(ids[0, len(p):].tolist())
     return out
+
+
+def break_adapter(monkeypatch: Any, name: str, change: Callable[[Any], None]) -> None:
+    """Every read of adapter `name` (plugins/runner/lora_weights.read_adapter, as the registry calls it) passes its
+    LoraWeights through `change`: the deliberate breaks the parity tests must catch."""
+    from modelcall.plugins.runner import lora_registry
+
+    real = lora_registry.read_adapter
+
+    def broken(adapter: str, *args: Any, **kwargs: Any) -> Any:
+        w = real(adapter, *args, **kwargs)
+        if adapter == name:
+            change(w)
+        return w
+
+    monkeypatch.setattr(lora_registry, "read_adapter", broken)

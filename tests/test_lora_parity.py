@@ -112,19 +112,14 @@ async def test_a_prefix_is_never_shared_across_adapters(served, make_kernel):
 
 async def test_a_wrong_scale_is_caught(served, make_kernel, monkeypatch):
     """The deliberate break the parity test exists for: one adapter's scale off by 10% changes its output."""
-    from modelcall.plugins.runner import lora_weights
+    from lora_adapters import break_adapter
 
     base, adapters, refs = served
-    real = lora_weights.read_adapter
 
-    def off_scale(name, *args, **kwargs):
-        w = real(name, *args, **kwargs)
-        if name == "all16":
-            w.pairs = {k: (a, b * 1.1) for k, (a, b) in w.pairs.items()}
-        return w
+    def off_scale(w) -> None:
+        w.pairs = {k: (a, b * 1.1) for k, (a, b) in w.pairs.items()}
 
-    monkeypatch.setattr(lora_weights, "read_adapter", off_scale)
-    monkeypatch.setattr("modelcall.plugins.runner.lora_registry.read_adapter", off_scale)
+    break_adapter(monkeypatch, "all16", off_scale)
     async with make_kernel(model=base, dtype="float32", lora_modules=adapters) as kernel:
         done = await _run_all(kernel, [(name, i) for name in ("all16", "qv8") for i in range(len(PROMPTS))])
     assert [done[("all16", i)].token_ids for i in range(len(PROMPTS))] != refs["all16"]

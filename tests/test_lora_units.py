@@ -42,7 +42,8 @@ def test_a_plain_adapter_loads_with_its_scale_folded_into_b(tmp_path):
 @pytest.mark.parametrize("config, reason", [
     ({"use_dora": True}, "DoRA"),
     ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
-    ({"target_parameters": ["mlp.experts.gate_up_proj"]}, "MoE expert"),
+    ({"target_parameters": ["mlp.experts.gate_up_proj"]}, "need a MoE base model"),   # this base has no experts
+    ({"target_parameters": ["self_attn.q_proj.weight"]}, "only a MoE layer's fused expert tensors"),
     ({"bias": "all"}, "trained biases"),
     ({"fan_in_fan_out": True}, "fan_in_fan_out"),
     ({"peft_type": "IA3"}, "not LORA"),

@@ -63,11 +63,12 @@ class LoraContext:
     """The adapters of the step being computed: [(weights, rows)], empty when no row runs on an adapter; `batched`
     when they are done at once (see the module docstring), with the stacked weights of recent adapter sets."""
 
-    __slots__ = ("groups", "batched", "stacks")
+    __slots__ = ("groups", "batched", "stacks", "_slots")
 
     def __init__(self) -> None:
         self.groups: list[tuple[LoraWeights, Rows]] = []
         self.batched: Batched | None = None
+        self._slots: torch.Tensor | None = None   # row -> index in `groups` (-1: base model), built on first use
         # adapter keys -> {(layer, projs): (A [n, in, R], B [n, R, out]) or None}; the last few sets kept
         self.stacks: dict[tuple[str, ...], dict] = {}
 
@@ -77,10 +78,22 @@ class LoraContext:
             groups, keys = [groups[i] for i in order], [keys[i] for i in order]
         self.groups = groups
         self.batched = batch_rows(groups, keys) if len(groups) > 1 else None
+        self._slots = None
 
     def clear(self) -> None:
         self.groups = []
         self.batched = None
+        self._slots = None
+
+    def row_slots(self, num_rows: int, device: torch.device) -> torch.Tensor:
+        """Each of the step's `num_rows` flat rows: the index of its adapter in `groups`, -1 for the base model
+        (for the MoE experts, whose rows per expert come from the router, not from the plan)."""
+        if self._slots is None or self._slots.shape[0] != num_rows:
+            slots = torch.full((num_rows,), -1, dtype=torch.long)
+            for k, (_, rows) in enumerate(self.groups):
+                slots[rows] = k
+            self._slots = slots.to(device)
+        return self._slots
 
 
 def batch_rows(groups: list[tuple[LoraWeights, Rows]], keys: list[str]) -> Batched | None:

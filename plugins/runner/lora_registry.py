@@ -41,8 +41,10 @@ class LoraRegistry:
     """Adapters of one base model, for one runner (thread-safe: the event loop registers, the step thread reads)."""
 
     def __init__(self, shapes: dict[tuple[int, str], tuple[int, int]], dtype: torch.dtype, device: torch.device,
-                 max_rank: int, max_loaded: int | None) -> None:
+                 max_rank: int, max_loaded: int | None,
+                 expert_shapes: dict[tuple[int, str], tuple[int, int, int]] | None = None) -> None:
         self.shapes, self.dtype, self.device = shapes, dtype, device
+        self.expert_shapes = expert_shapes or {}   # MoE layers' fused expert tensors: (experts, in, out)
         self.max_rank = max_rank
         self.max_loaded = max_loaded
         self._registered: dict[str, tuple[str, str]] = {}     # name -> (path, key)
@@ -129,7 +131,7 @@ class LoraRegistry:
 
     def _read(self, name: str, path: str) -> LoraWeights:
         t0 = time.perf_counter()
-        w = read_adapter(name, path, self.shapes, self.max_rank, self.dtype, self.device)
+        w = read_adapter(name, path, self.shapes, self.max_rank, self.dtype, self.device, self.expert_shapes)
         self.load_s[name] = time.perf_counter() - t0
         log.info("LoRA adapter %s: rank %d on %s, %.1f MB, read in %.1f ms", name, w.rank, ",".join(w.targets),
                  w.nbytes / 1e6, self.load_s[name] * 1e3)

@@ -3,8 +3,9 @@ step's rows per adapter (plugins/runner/lora_delta.py does the arithmetic).
 
 The lean stack's projections are wrapped where the lean stack runs (its fused q|k|v and gate|up GEMMs take the
 adapters' stacked shrink and block-diagonal expand); otherwise the transformers modules of the decoder's
-projections are. A step with adapter rows never takes the paths that bypass those projections (the all-layers C
-decode stack, CUDA graphs): `StepBatch.lora` tells them.
+projections are, and each MoE layer's experts module (plugins/runner/lora_experts.py). A step with adapter rows never
+takes the paths that bypass those projections (the all-layers C decode stack, CUDA graphs): `StepBatch.lora` tells
+them.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 from modelcall.core import ConfigError, KernelConfig, SchedulePlan
 from modelcall.plugins.runner.batch import StepBatch
 from modelcall.plugins.runner.lora_delta import LoraContext, LoraModule, step_groups, wrap_linear, wrap_residual
+from modelcall.plugins.runner.lora_experts import LoraExperts, expert_shapes
 from modelcall.plugins.runner.lora_registry import LoraRegistry, projection_shapes
 from modelcall.plugins.runner.lora_weights import PART, TARGETS
 
@@ -30,10 +32,12 @@ class RunnerLora:
         if not hasattr(base, "layers"):
             raise ConfigError(f"{type(model).__name__}: LoRA needs a decoder with `layers` (the Llama-like layout)")
         self.shapes = projection_shapes(base)
-        if not self.shapes:
-            raise ConfigError(f"{type(model).__name__}: no q/k/v/o or gate/up/down projections to put LoRA on")
+        self.expert_shapes = expert_shapes(base)
+        if not self.shapes and not self.expert_shapes:
+            raise ConfigError(f"{type(model).__name__}: no q/k/v/o, gate/up/down projections or experts to put LoRA on")
         self.ctx = LoraContext()
-        self.registry = LoraRegistry(self.shapes, dtype, device, config.max_lora_rank, config.max_cpu_loras)
+        self.registry = LoraRegistry(self.shapes, dtype, device, config.max_lora_rank, config.max_cpu_loras,
+                                     self.expert_shapes)
         if lean is not None:
             self._wrap_lean(lean)
         else:
@@ -64,6 +68,8 @@ class RunnerLora:
                 if (i, name) in self.shapes:
                     mod = getattr(layer, PART[name])
                     setattr(mod, name, LoraModule(getattr(mod, name), self.ctx, i, name))
+            if (i, "gate_up_proj") in self.expert_shapes:   # the MoE experts: per expert, per adapter's rows
+                layer.mlp.experts = LoraExperts(layer.mlp.experts, self.ctx, i)
 
     def begin(self, plan: SchedulePlan, step: StepBatch) -> None:
         """Set the step's rows per adapter (before its forward)."""
