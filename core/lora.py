@@ -33,7 +33,8 @@ class LoraCatalog(Protocol):
     """The adapters a runner serves on its base model (implemented by plugins/runner/lora_registry.py).
 
     Methods may be called from any thread (the event loop, a worker thread, the engine's step thread); an
-    implementation guards its own state. Loading reads files: call `load` and `acquire` off the event loop.
+    implementation guards its own state. Loading reads files (and a replicated front end's catalog calls every
+    replica, plugins/scale/remote_loras.py): call `load`, `unload` and `acquire` off the event loop.
     """
 
     def names(self) -> list[str]:

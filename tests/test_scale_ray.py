@@ -26,6 +26,7 @@ import requests  # noqa: E402
 import openai  # noqa: E402
 from aiohttp import web  # noqa: E402
 
+from lora_adapters import ADAPTERS, build_adapter, reference_outputs  # noqa: E402
 from modelcall.core import Kernel, KernelConfig  # noqa: E402
 from modelcall.plugins.http.app import create_app  # noqa: E402
 from modelcall.plugins.scale import deploy  # noqa: E402
@@ -38,9 +39,9 @@ SYSTEMS = [f"You are assistant number {i}. " + "Answer briefly and politely, in 
            for i in range(8)]
 
 
-def config(model_dir: str, ledger: str) -> KernelConfig:
-    return KernelConfig(model=model_dir, max_model_len=512, num_kv_blocks=256,
-                        plugin_config={"ledger": {"path": ledger}})
+def config(model_dir: str, ledger: str, lora_modules: dict[str, str] | None = None) -> KernelConfig:
+    return KernelConfig(model=model_dir, max_model_len=512, num_kv_blocks=256, lora_modules=lora_modules or {},
+                        runtime_lora_updates=bool(lora_modules), plugin_config={"ledger": {"path": ledger}})
 
 
 class ReplicatedServer:
@@ -112,12 +113,17 @@ def server(demo_model_dir: str) -> Any:
     cache = os.environ.get("MODELCALL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "modelcall")
     os.environ.update(HOME=tmp, TMPDIR=tmp, RAY_TMPDIR=tmp, RAY_USAGE_STATS_ENABLED="0", MODELCALL_CACHE_DIR=cache)
     cov = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("COV_CORE_")}  # no coverage in workers
+    # LoRA through the replicas (issue 39): one adapter from the start, one to load at run time
+    adapters = {name: build_adapter(demo_model_dir, os.path.join(tmp, name), seed=i + 1, **ADAPTERS[name])
+                for i, name in enumerate(("qv8", "mlp8"))}
     t0 = time.monotonic()
     try:
-        with ReplicatedServer(config(demo_model_dir, os.path.join(tmp, "ledger.sqlite3"))) as s:
+        with ReplicatedServer(config(demo_model_dir, os.path.join(tmp, "ledger.sqlite3"),
+                                     {"qv8": adapters["qv8"]})) as s:
             s.started_s = time.monotonic() - t0
             s.ledger = os.path.join(tmp, "ledger.sqlite3")
             s.model_dir = demo_model_dir
+            s.adapters = adapters
             yield s
     finally:
         try:
@@ -216,6 +222,45 @@ def test_one_metrics_and_one_ledger_cover_every_replica(server: ReplicatedServer
             break
         time.sleep(0.2)
     assert rows[0] >= 32 and rows[1] >= 24, rows
+
+
+LORA_PROMPTS = [[5, 17, 300, 42, 9, 77, 1000, 12], [44, 45, 46, 900, 3], [700, 8, 1500, 33, 61, 2000]]
+
+
+def test_lora_adapters_reach_every_replica_and_load_on_all_of_them(server: ReplicatedServer) -> None:
+    """--lora-modules loads on each replica, /v1/models lists it with its parent, the request's `model` runs on
+    it (PEFT's merged output); a runtime load and unload reach every replica, and a bad load is undone on all."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    ids = sorted(replica_stats(server))
+
+    def on_each() -> list[list[str]]:   # the adapters each replica itself serves, asked of it (pinned)
+        return [[a["name"] for a in server.call(server.kernel._pinned("describe", r))["loras"]] for r in ids]
+
+    def texts(model: str) -> list[str]:
+        return [client.completions.create(model=model, prompt=p, max_tokens=8, temperature=0,
+                                          extra_body={"ignore_eos": True}).choices[0].text for p in LORA_PROMPTS]
+
+    def wanted(adapter: str | None) -> list[str]:
+        refs = reference_outputs(server.model_dir, server.adapters.get(adapter), LORA_PROMPTS, 8)
+        return [server.kernel.tokenizer.decode(r, skip_special_tokens=True) for r in refs]
+
+    listed = {m.id: m.model_extra for m in client.models.list().data}
+    assert listed["qv8"]["parent"] == server.kernel.model_name and on_each() == [["qv8"], ["qv8"]]
+    assert texts("qv8") == wanted("qv8") != wanted(None)
+
+    load = {"lora_name": "mlp8", "lora_path": server.adapters["mlp8"]}
+    r = requests.post(server.url + "/v1/load_lora_adapter", json=load, timeout=60)
+    assert r.status_code == 200 and "added" in r.text, r.text
+    assert on_each() == [["qv8", "mlp8"], ["qv8", "mlp8"]] and "mlp8" in {m.id for m in client.models.list().data}
+    assert texts("mlp8") == wanted("mlp8")
+    r = requests.post(server.url + "/v1/unload_lora_adapter", json={"lora_name": "mlp8"}, timeout=60)
+    assert r.status_code == 200 and on_each() == [["qv8"], ["qv8"]]
+    with pytest.raises(openai.NotFoundError):
+        texts("mlp8")
+    bad = requests.post(server.url + "/v1/load_lora_adapter", json={"lora_name": "bad", "lora_path": server.model_dir},
+                        timeout=60)
+    assert bad.status_code == 400 and "adapter_config.json" in bad.json()["error"]["message"], bad.text
+    assert on_each() == [["qv8"], ["qv8"]] and "bad" not in {m.id for m in client.models.list().data}
 
 
 def stream_chat(url: str, system: str, max_tokens: int, got: list, stop_after: int | None = None) -> None:

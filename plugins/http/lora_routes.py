@@ -51,7 +51,7 @@ async def load(request: web.Request, ctx: ServingContext, body: LoadLoraAdapter)
 async def unload(request: web.Request, ctx: ServingContext, body: UnloadLoraAdapter) -> web.Response:
     """Unload a LoRA adapter (vLLM's unload_lora_adapter; admin keys, when the operator allows it)."""
     catalog = _catalog(ctx, body.lora_name)
-    catalog.unload(body.lora_name)
+    await anyio.to_thread.run_sync(catalog.unload, body.lora_name)   # replicas: every one of them is told
     return web.Response(text=f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import threading
 import time
@@ -32,6 +33,7 @@ from modelcall.events.codec import from_msgpack
 from modelcall.events.types import TERMINAL_EVENTS, Timings
 from modelcall.plugins.scale import deploy, wire
 from modelcall.plugins.scale.ranking import RouteKey
+from modelcall.plugins.scale.remote_loras import ReplicaLoras
 from modelcall.plugins.scale.series import ReplicaSeries
 
 log = logging.getLogger("modelcall.scale")
@@ -62,6 +64,7 @@ class RemoteKernel(Submitting):
         self._draining = False
         self._inflight: dict[str, tuple[str, asyncio.Task]] = {}  # request id -> (replica, pump)
         self._block_size = config.block_size
+        self._loras: ReplicaLoras | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -71,7 +74,9 @@ class RemoteKernel(Submitting):
         model_dir = cfg.model if cfg.model else await anyio.to_thread.run_sync(
             lambda: host.provide("provide_model_dir", "model", config=cfg))
         # NOTE: the replicas load the directory resolved here (the demo model is built once).
-        replica_cfg = msgspec.to_builtins(msgspec.structs.replace(cfg, model=model_dir))
+        # NOTE: adapter directories as absolute paths: a replica's worker process runs in a directory of Ray's
+        loras = {name: os.path.abspath(path) for name, path in cfg.lora_modules.items()}
+        replica_cfg = msgspec.to_builtins(msgspec.structs.replace(cfg, model=model_dir, lora_modules=loras))
         with _signals_kept():
             await anyio.to_thread.run_sync(deploy.start_cluster, self.ray_address, self.num_cpus)
         self._handle = await anyio.to_thread.run_sync(
@@ -82,6 +87,9 @@ class RemoteKernel(Submitting):
         spec["layer_windows"] = tuple(spec["layer_windows"])
         self.spec = ModelSpec(**spec)
         self._model_name, self._window = info["model_name"], info["window"]
+        # the replicas' adapters (each loaded --lora-modules itself): one catalog here for the routes
+        self._loras = ReplicaLoras(info.get("loras") or [], self._pinned, deploy.replica_ids) \
+            if cfg.lora_enabled else None
         self.model_dir = model_dir
         self.tokenizer = await anyio.to_thread.run_sync(
             lambda: host.provide("provide_tokenizer", "tokenizer", config=cfg, model_dir=model_dir))
@@ -119,6 +127,11 @@ class RemoteKernel(Submitting):
     @property
     def model_name(self) -> str:
         return self.config.served_model_name or self._model_name
+
+    @property
+    def loras(self) -> ReplicaLoras | None:
+        """Every replica's LoRA adapters (plugins/scale/remote_loras.py); None: LoRA is off."""
+        return self._loras
 
     @property
     def window(self) -> int:
@@ -237,7 +250,8 @@ class RemoteKernel(Submitting):
         """Keys of the prompt's first blocks, as the KV cache keys them (the router's input)."""
         ids = self._route_ids(request)
         scope = caller.cache_scope if caller is not None else ""
-        root = root_key(self.spec.identity or self.model_name, None, f"{scope}\0{request.cache_salt or ''}")
+        # NOTE: the adapter scopes the keys as it scopes each replica's cache: one adapter's prefixes go together
+        root = root_key(self.spec.identity or self.model_name, request.lora, f"{scope}\0{request.cache_salt or ''}")
         return prefix_block_keys(ids, self._block_size, root, ROUTE_BLOCKS)
 
     def _route_ids(self, request: GenerateRequest) -> list[int]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from modelcall.core import Kernel, KernelConfig, ModelcallError
+from modelcall.core import InvalidRequest, Kernel, KernelConfig, ModelcallError
 from modelcall.core.metering import Exchange
 from modelcall.events.codec import to_msgpack
 from modelcall.plugins.scale import wire
@@ -82,8 +82,31 @@ class KernelReplica:
     def describe(self, route: Any = None) -> dict[str, Any]:
         """What the front end needs to stand in for this kernel: the model's spec, names, window."""
         k = self.kernel
+        loras = k.loras
+        adapters = [msgspec.to_builtins(loras.info(n)) for n in loras.names()] if loras is not None else []
         return {"replica": self.name, "spec": describe_spec(k), "model_name": k.model_name, "window": k.window,
-                "model_dir": k.model_dir, "block_size": k.config.block_size}
+                "model_dir": k.model_dir, "block_size": k.config.block_size, "loras": adapters}
+
+    async def load_lora(self, name: str, path: str, route: Any = None) -> bytes:
+        """Load a LoRA adapter here (the front end's runtime load, sent to every replica): Adapter or Refused."""
+        try:
+            if self.kernel.loras is None:
+                raise InvalidRequest("LoRA is off on this replica", field="lora_name")
+            info = await asyncio.to_thread(self.kernel.loras.load, name, path)
+        except ModelcallError as e:
+            return wire.encode(wire.refusal(e))
+        return wire.encode(wire.Adapter(name=info.name, path=info.path, rank=info.rank, targets=list(info.targets)))
+
+    async def unload_lora(self, name: str, route: Any = None) -> bytes:
+        """Stop serving a LoRA adapter here (requests running on it finish on it): Adapter or Refused."""
+        try:
+            if self.kernel.loras is None:
+                raise InvalidRequest("LoRA is off on this replica", field="lora_name")
+            info = self.kernel.loras.info(name)
+            await asyncio.to_thread(self.kernel.loras.unload, name)
+        except ModelcallError as e:
+            return wire.encode(wire.refusal(e))
+        return wire.encode(wire.Adapter(name=name, path=info.path if info is not None else ""))
 
     def record_routing_stats(self) -> dict[str, Any]:
         """What the request router reads besides Ray's own queue length: the kernel's own load."""

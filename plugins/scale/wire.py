@@ -3,6 +3,7 @@
 front end ── Call ──▶ replica          (one submit or count)
 front end ◀── Admitted | Refused ──     (the entry pipeline's answer, first item of the stream)
 front end ◀── event, event, …  ──     (modelcall.events codec: the request's events, as on one kernel)
+front end ── load / unload ──▶ each replica, ◀── Adapter | Refused   (runtime LoRA, remote_loras.py)
 """
 from __future__ import annotations
 
@@ -50,7 +51,16 @@ class Refused(msgspec.Struct, tag=True, kw_only=True, gc=False):
     attrs: dict[str, Any] = {}
 
 
-Reply = Admitted | Counted | Refused
+class Adapter(msgspec.Struct, tag=True, kw_only=True, gc=False):
+    """A LoRA adapter a replica loaded (or unloaded): core.lora.LoraInfo's fields."""
+
+    name: str
+    path: str
+    rank: int | None = None
+    targets: list[str] = []
+
+
+Reply = Admitted | Counted | Refused | Adapter
 CALLS: Codec[Call] = Codec(Call)
 REPLIES: Codec[Reply] = Codec(Reply)
 encode: Callable[[Call | Reply], bytes] = CALLS.to_msgpack  # the one msgpack encoder: it takes either
