@@ -83,10 +83,13 @@ class Run:
 
 def kernel_for(args: argparse.Namespace, policy: str) -> Kernel:
     blocks = args.kv_requests * -(-(args.a_prompt + args.a_output) // args.block_size) + 16
+    lane = {"fast_lane": args.fast_lane == "on", "newcomer_step_tokens": args.newcomer_step_tokens,
+            "reserve_tokens": args.reserve_tokens, "chunk_tokens": args.chunk_tokens}
     return Kernel(model=args.model, scheduling_policy=policy, threads=args.threads, dtype="float32",
                   max_model_len=max(args.a_prompt, args.c_prompt) + 256, num_kv_blocks=blocks,
                   block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-                  max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=False)
+                  max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=False,
+                  plugin_config={"fair_share": lane})
 
 
 async def burst_and_trickle(args: argparse.Namespace, policy: str | None) -> dict[str, Any]:
@@ -167,6 +170,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--fast-lane", choices=("on", "off"), default="on",
+                   help="fair: the newcomers' fast lane (plugins/fair_share, core/policies.py NewcomerTerms)")
+    p.add_argument("--newcomer-step-tokens", type=int, default=0,
+                   help="fair: the most tokens running requests add to a newcomer's step")
+    p.add_argument("--reserve-tokens", type=int, default=128, help="fair: KV room kept for newcomers")
+    p.add_argument("--chunk-tokens", type=int, default=256,
+                   help="fair: the most prefill tokens of a step while several tenants are active (0: no cap)")
     p.add_argument("--repeat", type=int, default=3, help="rounds of fcfs then fair (medians reported)")
     p.add_argument("--json", metavar="PATH", help="also write the figures here")
     return p.parse_args(argv)

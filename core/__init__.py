@@ -22,7 +22,7 @@ from modelcall.core.kernel import Kernel
 from modelcall.core.params import SamplingParams
 from modelcall.core.pooling import Pooler, PoolingParams, PoolingPlan
 from modelcall.core.plan import ModelSpec, ScheduledChunk, SchedulePlan, StepOutput
-from modelcall.core.policies import EvictionPolicy, KeyedWaitingQueue, WaitingQueue
+from modelcall.core.policies import EvictionPolicy, KeyedWaitingQueue, NewcomerTerms, WaitingQueue
 from modelcall.core.request import Request, Status
 from modelcall.core.submit import GenerateRequest
 
@@ -30,8 +30,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Completion", "ConfigError", "ContextOverflow", "EvictionPolicy", "GenerateRequest", "InvalidRequest", "Kernel",
-    "KernelConfig", "KeyedWaitingQueue", "ModelNotFound", "ModelSpec", "ModelcallError", "Overloaded", "PluginError",
-    "PluginHost", "Pooler", "PoolingParams", "PoolingPlan",
+    "KernelConfig", "KeyedWaitingQueue", "ModelNotFound", "ModelSpec", "ModelcallError", "NewcomerTerms", "Overloaded",
+    "PluginError", "PluginHost", "Pooler", "PoolingParams", "PoolingPlan",
     "Request", "RequestHandle", "SamplingParams", "ScheduledChunk", "SchedulePlan", "Status", "StepOutput",
     "Unavailable", "WaitingQueue", "__version__", "hookimpl", "hookspec",
 ]

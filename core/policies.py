@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from dataclasses import dataclass
 from collections.abc import Iterator
 from operator import itemgetter
 from typing import Any, Protocol, runtime_checkable
@@ -64,6 +65,15 @@ class WaitingQueue(Protocol):
     built (a fair-share queue counts the tokens it serves per tenant); one with `victim(running)`
     names the running request to preempt when blocks run out (`running`: request id -> Request).
     Both run once per step or per preemption: keep them O(batch).
+
+    Optional: a queue with an attribute `newcomer_terms` (a `NewcomerTerms`) and a method
+    `newcomer(request) -> bool` (O(1)) gives some requests a fast lane: when the head is a newcomer,
+    the scheduler admits it before the running requests are scheduled and lets those add at most
+    `step_tokens` to that step; and every other request is admitted only while `reserve_tokens` of
+    KV room stay free beyond its whole prompt, so a newcomer does not wait for blocks. With
+    `chunk_tokens` set, a method `contended() -> bool` (called once per step) says when the batch is
+    shared: such steps hold at most `chunk_tokens` of prefill, so a newcomer waits for a short step
+    in flight, not a long prefill chunk.
     """
 
     def push(self, request: Request) -> None:
@@ -98,6 +108,29 @@ class WaitingQueue(Protocol):
     def __iter__(self) -> Iterator[Request]:
         """The queued requests in admission order (a snapshot: the queue may change meanwhile)."""
         ...
+
+
+@dataclass(frozen=True)
+class NewcomerTerms:
+    """A waiting queue's fast lane for newcomers (`WaitingQueue.newcomer`), e.g. a tenant's request
+    while nothing of that tenant runs, so its first token does not wait behind another's prefill.
+
+    `step_tokens`: the most tokens the requests already running may add to the step that admits a
+    newcomer (a decode counts one; 0: the newcomer is computed alone). The step after such a step is
+    an ordinary one, so newcomers arriving every step slow the running requests down by half at most.
+    `reserve_tokens`: KV room (rounded up to whole blocks) that only a newcomer may take.
+    `chunk_tokens`: while the queue is `contended()`, a step's budget is this plus one token per
+    running request (their decodes), so no step in flight keeps a newcomer waiting long. None: off.
+    """
+
+    step_tokens: int = 0
+    reserve_tokens: int = 0
+    chunk_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.step_tokens < 0 or self.reserve_tokens < 0 or (self.chunk_tokens is not None and self.chunk_tokens < 1):
+            raise ValueError(f"newcomer step_tokens and reserve_tokens must be >= 0 and chunk_tokens >= 1, got "
+                             f"{self.step_tokens}, {self.reserve_tokens}, {self.chunk_tokens}")
 
 
 class KeyedWaitingQueue:

@@ -9,7 +9,7 @@ import itertools
 import pytest
 from kv_invariants import check_pool
 
-from modelcall.core import KernelConfig, Request, SamplingParams, Status
+from modelcall.core import KernelConfig, NewcomerTerms, Request, SamplingParams, SchedulePlan, Status
 from modelcall.plugins.fair_share import plugin as fair_plugin
 from modelcall.plugins.fair_share.counters import VirtualTokenCounter
 from modelcall.plugins.fair_share.queue import FairQueue
@@ -25,9 +25,10 @@ class Sim:
     """A scheduler, its pool and queue, and the engine's part: apply each plan, end finished requests,
     and count each tenant's service from the plans themselves (not from the queue's counters)."""
 
-    def __init__(self, policy: str = "fair", num_blocks: int = 256, block_size: int = 4, **kw) -> None:
+    def __init__(self, policy: str = "fair", num_blocks: int = 256, block_size: int = 4,
+                 terms: NewcomerTerms | None = None, **kw) -> None:
         self.kv = PagedKVCache(num_blocks, block_size, enable_prefix_caching=False)
-        self.queue = FairQueue(VirtualTokenCounter(W_IN, W_OUT)) if policy == "fair" else None
+        self.queue = FairQueue(VirtualTokenCounter(W_IN, W_OUT), terms) if policy == "fair" else None
         self.sched = DefaultScheduler(self.kv, policy=policy, watermark=0.0, waiting=self.queue, **kw)
         self.tenant: dict[str, str] = {}
         self.service: dict[str, float] = {}
@@ -46,7 +47,7 @@ class Sim:
         self.sched.add(r)
         return r
 
-    def step(self) -> None:
+    def step(self) -> SchedulePlan:
         plan = self.sched.schedule()
         for r in plan.newly_scheduled:
             self.first_scheduled[r.request_id] = self.steps
@@ -65,6 +66,7 @@ class Sim:
                     if self.queue is not None:
                         self.queue.finished(r.request_id)
         self.steps += 1
+        return plan
 
     def _serve(self, r: Request, cost: float) -> None:
         t = self.tenant[r.request_id]

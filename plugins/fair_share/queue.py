@@ -8,6 +8,13 @@ preemption is the engine's doing, not the tenant's), its output tokens as they a
 When blocks run out it names the victim (`victim`): the least urgent running request of the
 tenant that has been served the most.
 
+A newcomer (`newcomer`: a request of a tenant with nothing running) gets the scheduler's fast lane
+(`newcomer_terms`, core/policies.py): it is admitted before the running requests are scheduled, in
+a step they add at most `step_tokens` to, and the other tenants' requests leave `reserve_tokens` of
+KV room free for it. Counters decide who is next; the lane decides how soon that next one's first
+token comes: without it a light tenant's request shares its step with a heavy tenant's prefill
+chunk and may find every block taken by the heavy tenant's prompts.
+
 Which tenant a request belongs to (and its weight) the queue learns at admission, from the meter
 `TenantTags` (plugin.py), which sees each request's caller; a request without one is the tenant "".
 
@@ -15,11 +22,13 @@ Which tenant a request belongs to (and its weight) the queue learns at admission
 """
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from modelcall.core.plan import SchedulePlan
+from modelcall.core.policies import NewcomerTerms
 from modelcall.core.request import Request
 from modelcall.plugins.fair_share.counters import VirtualTokenCounter
 
@@ -29,19 +38,25 @@ Line = OrderedDict[str, Request]  # one tenant's waiting requests at one priorit
 class _Served:
     """A request admitted at least once: its tenant, weight and what has been charged for it."""
 
-    __slots__ = ("request", "tenant", "weight", "prompt", "output")
+    __slots__ = ("request", "tenant", "weight", "prompt", "output", "running")
 
     def __init__(self, request: Request, tenant: str, weight: float) -> None:
         self.request, self.tenant, self.weight = request, tenant, weight
         self.prompt = 0
         self.output = 0
+        self.running = False   # admitted to the batch and not preempted or finished since
 
 
 class FairQueue:
     """A `modelcall.core.WaitingQueue` by least virtual token counter within each priority level."""
 
-    def __init__(self, counter: VirtualTokenCounter | None = None) -> None:
+    def __init__(self, counter: VirtualTokenCounter | None = None, newcomer_terms: NewcomerTerms | None = None,
+                 active_window_s: float = 5.0) -> None:
         self.vtc = counter or VirtualTokenCounter()
+        self.newcomer_terms = newcomer_terms                 # None: no fast lane (the scheduler reads it once)
+        self.active_window_s = active_window_s
+        self._seen: OrderedDict[str, float] = OrderedDict()  # tenant -> when it last sent or was served, oldest first
+        self._running_of: dict[str, int] = {}                # tenant -> its requests in the running batch
         self._levels: dict[int, dict[str, Line]] = {}        # priority -> tenant -> line
         self._where: dict[str, tuple[int, str]] = {}         # waiting request id -> (priority, tenant)
         self._waiting_of: dict[str, int] = {}                # tenant -> its waiting requests, all levels
@@ -59,6 +74,7 @@ class FairQueue:
         served = self._served.pop(request_id, None)
         if served is not None:
             self._charge_output(served)
+            self._set_running(served, False)
 
     # ---- the WaitingQueue protocol ------------------------------------------------------------
 
@@ -68,8 +84,12 @@ class FairQueue:
             self.vtc.lift(tenant, (t for t, n in self._waiting_of.items() if n))
         self._line(request.priority, tenant)[request.request_id] = request
         self._enter(request, tenant)
+        self._saw(tenant, time.monotonic())
 
     def push_front(self, request: Request) -> None:
+        served = self._served.get(request.request_id)
+        if served is not None:   # preempted: out of the batch
+            self._set_running(served, False)
         tenant = self._tenant_of(request)
         line = self._line(request.priority, tenant)
         line[request.request_id] = request
@@ -94,6 +114,7 @@ class FairQueue:
         if served.prompt < request.num_prompt_tokens:  # VTC charges the prompt when the request joins the batch
             self.vtc.charge(served.tenant, served.weight, prompt_tokens=request.num_prompt_tokens - served.prompt)
             served.prompt = request.num_prompt_tokens
+        self._set_running(served, True)
         return request
 
     def remove(self, request: Request) -> bool:
@@ -123,10 +144,24 @@ class FairQueue:
     def served(self, plan: SchedulePlan) -> None:
         """Charge the output tokens generated since the last step by the requests of this one."""
         served_of = self._served
+        t = time.monotonic()
         for chunk in plan.chunks:
             served = served_of.get(chunk.request.request_id)
             if served is not None:
                 self._charge_output(served)
+                self._saw(served.tenant, t)
+
+    def contended(self) -> bool:
+        """Whether more than one tenant sent or was served within the last `active_window_s` (then the
+        scheduler keeps steps short: NewcomerTerms.chunk_tokens). O(1) but for the tenants gone quiet."""
+        horizon, seen = time.monotonic() - self.active_window_s, self._seen
+        while seen and next(iter(seen.values())) < horizon:
+            seen.popitem(last=False)
+        return len(seen) > 1
+
+    def newcomer(self, request: Request) -> bool:
+        """Whether nothing of `request`'s tenant is running: it gets the fast lane (NewcomerTerms)."""
+        return not self._running_of.get(self._tenant_of(request))
 
     def victim(self, running: Mapping[str, Request]) -> Request:
         """The running request to preempt: least urgent priority, then the tenant served the most,
@@ -166,6 +201,15 @@ class FairQueue:
             if not tenants:
                 del self._levels[priority]
         self._waiting_of[tenant] -= 1
+
+    def _saw(self, tenant: str, t: float) -> None:
+        self._seen[tenant] = t
+        self._seen.move_to_end(tenant)
+
+    def _set_running(self, served: _Served, running: bool) -> None:
+        if served.running != running:
+            served.running = running
+            self._running_of[served.tenant] = self._running_of.get(served.tenant, 0) + (1 if running else -1)
 
     def _charge_output(self, served: _Served) -> None:
         produced = served.request.num_output_tokens

@@ -76,6 +76,14 @@ class DefaultScheduler:
         # Optional methods of a waiting queue (core/policies.py): told each step's plan, naming the victim.
         self._served = getattr(self.waiting, "served", None)
         self._victim_of = getattr(self.waiting, "victim", None)
+        # The fast lane for newcomers (core/policies.py NewcomerTerms), when the queue offers one.
+        terms = getattr(self.waiting, "newcomer_terms", None)
+        self._newcomer = getattr(self.waiting, "newcomer", None) if terms is not None else None
+        self.newcomer_step_tokens = terms.step_tokens if terms is not None else 0
+        self.reserve_blocks = -(-terms.reserve_tokens // kv.block_size) if terms is not None else 0
+        self.contended_chunk_tokens = terms.chunk_tokens if terms is not None else None
+        self._contended = getattr(self.waiting, "contended", None) if self.contended_chunk_tokens else None
+        self._lane_last_step = False   # the step after a fast-lane step is an ordinary one
         self.running: dict[str, Request] = {}  # in the order they were (re)admitted
         # n > 1: requests sharing a prompt with a request not yet past its prefill, by that request's
         # id; they are forked from its prefill (see _fork) rather than computing the prompt again.
@@ -110,7 +118,13 @@ class DefaultScheduler:
             prefetch(request)
 
     def schedule(self) -> SchedulePlan:
-        step = _Step(self.max_num_batched_tokens)
+        budget = self.max_num_batched_tokens
+        if self._contended is not None and self._contended():  # short steps while the batch is shared
+            budget = min(budget, self.contended_chunk_tokens + len(self.running))
+        step = _Step(budget)
+        lane = self._admit_newcomers(step)
+        if lane:  # the newcomers are in: the others add at most step_tokens to this step
+            step.budget = min(step.budget, self.newcomer_step_tokens)
         self._schedule_running(step)
         # NOTE: after a preemption blocks are short; admitting new work now would only thrash.
         if not step.plan.preempted:
@@ -190,6 +204,21 @@ class DefaultScheduler:
                     del self.forks[parent_id]
                 return
 
+    # ---- the fast lane for newcomers (a waiting queue's NewcomerTerms) -------------------------
+
+    def _admit_newcomers(self, step: _Step) -> bool:
+        """Admit the newcomers at the head of the queue first; True when any was (a fast-lane step).
+        Not two such steps in a row, so the running requests advance at least every other step."""
+        lane = False
+        if self._newcomer is not None and not self._lane_last_step:
+            while self.waiting and step.budget > 0 and len(self.running) < self.max_num_seqs:
+                head = self.waiting.peek()
+                if not (self._newcomer(head) and self._lora_fits(head) and self._admit(head, step)):
+                    break
+                lane = True
+        self._lane_last_step = lane
+        return lane
+
     # ---- running requests -------------------------------------------------------------------
 
     def _schedule_running(self, step: _Step) -> None:
@@ -199,8 +228,8 @@ class DefaultScheduler:
         for request in list(self.running.values()):
             if step.budget <= 0:
                 break
-            if request.request_id not in self.running:
-                continue  # preempted earlier in this step
+            if request.request_id not in self.running or request.request_id in step.chunks:
+                continue  # preempted earlier in this step, or a newcomer admitted first
             num_new = min(request.num_uncomputed_tokens, step.budget)
             if num_new == 1 and speculator is not None and request.num_output_tokens:
                 draft = speculator.draft(request, step.budget - 1)
@@ -272,7 +301,8 @@ class DefaultScheduler:
     def _admit(self, request: Request, step: _Step) -> bool:
         # NOTE: a chunk always needs at least one new block (a prefix hit is whole blocks and never
         # the last token); checking that first keeps a blocked head from querying the cache per step.
-        if self.running and self.kv.num_free_blocks() < 1 + self.watermark_blocks:
+        keep = self.watermark_blocks + self._reserve_against(request)
+        if self.running and self.kv.num_free_blocks() < 1 + keep:
             return False
         # A waiting request holds no blocks (new, preempted, or undone below); preempted ones
         # re-match their own freed blocks, output tokens included.
@@ -282,7 +312,7 @@ class DefaultScheduler:
         num_hit = 0 if request.wants_prompt_logprobs or request.pools_every_token else self.kv.match_prefix(request)
         request.num_computed_tokens = num_hit
         num_new = min(request.num_uncomputed_tokens, step.budget)
-        if not self._fits(request, num_new):
+        if not self._fits(request, num_new, keep):
             self.kv.free(request)
             request.num_computed_tokens = 0
             return False
@@ -296,11 +326,22 @@ class DefaultScheduler:
         step.add(request, num_new)
         return True
 
-    def _fits(self, request: Request, num_new: int) -> bool:
-        """Allocate for a new chunk, keeping the watermark free unless nothing else is running."""
+    def _reserve_against(self, request: Request) -> int:
+        """The blocks held back for newcomers that `request` may not take (0 for a newcomer)."""
+        if not self.reserve_blocks or self._newcomer is None or self._newcomer(request):
+            return 0
+        return self.reserve_blocks
+
+    def _fits(self, request: Request, num_new: int, keep: int) -> bool:
+        """Allocate for a new chunk, keeping `keep` blocks free unless nothing else is running. Under a
+        newcomer reserve the whole prompt is counted, not its first chunk: the later chunks of the
+        requests admitted must not grow into the reserve."""
         if self.running:
             block_size = self.kv.block_size
-            needed = -(-(request.num_computed_tokens + num_new) // block_size) - len(request.block_table)
-            if self.kv.num_free_blocks() - needed < self.watermark_blocks:
+            upto = request.num_computed_tokens + num_new
+            if keep > self.watermark_blocks:
+                upto = max(upto, request.num_prompt_tokens)
+            needed = -(-upto // block_size) - len(request.block_table)
+            if self.kv.num_free_blocks() - needed < keep:
                 return False
         return self.kv.allocate(request, num_new)
