@@ -4,8 +4,10 @@ plugin answers first, and with none the option is refused with what to install."
 from __future__ import annotations
 
 import argparse
+import logging
 
 import pytest
+from keys_util import write_keys
 
 from modelcall.core import hookimpl
 from modelcall.plugins.http import serve
@@ -62,3 +64,17 @@ def test_a_replica_count_under_one_is_a_usage_error(bad, capsys):
     with pytest.raises(SystemExit) as e:
         _serve_args("--replicas", bad)
     assert e.value.code == 2 and "must be at least 1" in capsys.readouterr().err
+
+
+def test_replicas_with_keys_and_no_quota_store_warn_that_each_replica_counts_alone(tmp_path, caplog):
+    keys = str(write_keys(tmp_path / "keys.toml", {"mc-replica-key": {"name": "k", "rpm": 5}}))
+    with caplog.at_level(logging.WARNING, logger="modelcall.http"):
+        serve._kernel_from_args(_serve_args("--replicas", "3", "--api-keys", keys))
+    assert "--replicas 3 without --quota-store" in caplog.text and "up to 3 times its limits" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="modelcall.http"):
+        kernel = serve._kernel_from_args(_serve_args("--replicas", "3", "--api-keys", keys,
+                                                     "--quota-store", "redis://127.0.0.1:6399/0"))
+        serve._kernel_from_args(_serve_args("--replicas", "3"))   # no keys: no quotas to share
+    assert "--quota-store" not in caplog.text
+    assert kernel.config.plugin_config["auth"]["quota_store"] == "redis://127.0.0.1:6399/0"   # what each replica gets
