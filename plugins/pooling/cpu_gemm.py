@@ -14,6 +14,7 @@ import torch
 
 log = logging.getLogger("modelcall.pooling")
 
+ROWS_HINT = 2048   # the rows oneDNN packs a weight for: a step's ~2,048 tokens (max_num_batched_tokens' default)
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})   # CPU flags of bf16 dot-product instructions
 
 
@@ -50,14 +51,11 @@ class OneDnnLinear(torch.nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.weight_packed, self.bias, "none", [], "")
 
 
-def pack_cpu_linears(model: torch.nn.Module, rows_hint: int = 2048) -> int:
-    """Swap every CPU `nn.Linear` of `model` for a OneDnnLinear after one probe agrees with F.linear (bf16: bit for
-    bit; fp32: within its rounding); returns how many were swapped (0: left as they are)."""
-    linears = [(name, m) for name, m in model.named_modules()
-               if type(m) is torch.nn.Linear and m.weight.device.type == "cpu"]
-    if not linears or not torch.backends.mkldnn.is_available():
-        return 0
-    dtype = linears[0][1].weight.dtype
+def packing_agrees(dtype: torch.dtype, rows_hint: int = ROWS_HINT) -> bool:
+    """Whether a oneDNN-packed linear in `dtype` agrees with F.linear on one probe (bf16: bit for bit; fp32: within
+    its rounding) on this CPU and torch build."""
+    if not torch.backends.mkldnn.is_available():
+        return False
     try:   # NOTE: the probe also finds a CPU whose oneDNN cannot pack this dtype (bf16 needs AVX-512): RuntimeError
         probe = torch.nn.Linear(64, 48).to(dtype)
         x = torch.randn(7, 64, generator=torch.Generator().manual_seed(0)).to(dtype)
@@ -66,9 +64,18 @@ def pack_cpu_linears(model: torch.nn.Module, rows_hint: int = 2048) -> int:
         same = torch.equal(got, want) if dtype == torch.bfloat16 else torch.allclose(got, want, rtol=1e-4, atol=1e-5)
     except Exception as e:   # an op this torch build or CPU lacks
         log.info("encoder linears left unpacked (%s)", e)
-        return 0
+        return False
     if not same:
         log.info("encoder linears left unpacked: the packed %s GEMM differs from F.linear", dtype)
+    return bool(same)
+
+
+def pack_cpu_linears(model: torch.nn.Module, rows_hint: int = ROWS_HINT) -> int:
+    """Swap every CPU `nn.Linear` of `model` for a OneDnnLinear after one probe agrees with F.linear (bf16: bit for
+    bit; fp32: within its rounding); returns how many were swapped (0: left as they are)."""
+    linears = [(name, m) for name, m in model.named_modules()
+               if type(m) is torch.nn.Linear and m.weight.device.type == "cpu"]
+    if not linears or not packing_agrees(linears[0][1].weight.dtype, rows_hint):
         return 0
     with torch.inference_mode():
         for name, m in linears:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from modelcall.core import ConfigError, KernelConfig, ModelSpec, SchedulePlan, StepOutput
-from modelcall.plugins.pooling import cpu_gemm
+from modelcall.plugins.pooling import cpu_gemm, packed_bert
 
 # model_type values of the encoder families this runner serves through transformers' AutoModel
 ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "modernbert", "electra", "mpnet",
@@ -84,8 +84,11 @@ class EncoderRunner:
             head_dim=self.hidden_size // heads, dtype=str(dtype).removeprefix("torch."), device=str(device),
             identity=hashlib.sha256(f"encoder:{os.path.realpath(model_dir)}".encode()).hexdigest()[:32])
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        # NOTE: after weight_bytes: a packed weight is no parameter of the module (the count is the same bytes)
-        self.packed_linears = cpu_gemm.pack_cpu_linears(self.model) if device.type == "cpu" else 0
+        # NOTE: after weight_bytes: a packed weight is no parameter of the module (the count is the same bytes).
+        # A BERT on the CPU runs on packed rows (packed_bert: no padding, one QKV GEMM, attention in C); any other
+        # encoder keeps transformers' modules with their linears packed.
+        self.packed = packed_bert.build(self.model) if device.type == "cpu" and not self.classifies else None
+        self.packed_linears = cpu_gemm.pack_cpu_linears(self.model) if device.type == "cpu" and not self.packed else 0
 
     def kv_block_bytes(self, block_size: int) -> int:
         # NOTE: nothing is cached; the pool's blocks only meter admission, sized as a decoder's would be
@@ -105,8 +108,11 @@ class EncoderRunner:
             if req.num_computed_tokens + c.num_new_tokens == req.num_prompt_tokens:
                 ending.append((i, req))
         pooled = {}
-        for group in length_groups([r.num_prompt_tokens for _, r in ending]):
-            pooled.update(self._encode([ending[g] for g in group]))
+        if self.packed is not None and ending:
+            pooled = self._encode_packed(ending)
+        else:
+            for group in length_groups([r.num_prompt_tokens for _, r in ending]):
+                pooled.update(self._encode([ending[g] for g in group]))
         return StepOutput(token_ids=[None] * len(plan.chunks), pooled=pooled or None,
                           forward_s=time.perf_counter() - t0)
 
@@ -135,8 +141,22 @@ class EncoderRunner:
             out[i] = hidden[b, :n] if r.pooling.every_token else hidden[b, n - 1:n]
         return out
 
+    def _encode_packed(self, ending: list[tuple[int, Any]]) -> dict[int, torch.Tensor]:
+        """Every ending prompt in one forward on packed rows: each computed on its own tokens only, whatever the
+        others' lengths (no padding, so no length groups)."""
+        lengths = [r.num_prompt_tokens for _, r in ending]
+        ids = torch.tensor([t for _, r in ending for t in r.all_token_ids[:r.num_prompt_tokens]], dtype=torch.long)
+        positions = torch.cat([torch.arange(n) for n in lengths])
+        cu_seqlens = torch.tensor([0, *lengths], dtype=torch.long).cumsum(0)
+        hidden = self.packed.forward(ids, positions, torch.zeros_like(ids), cu_seqlens).float()
+        out = {}
+        for b, (i, r) in enumerate(ending):
+            start, end = int(cu_seqlens[b]), int(cu_seqlens[b + 1])
+            out[i] = hidden[start:end] if r.pooling.every_token else hidden[end - 1:end]
+        return out
+
     def close(self) -> None:
-        self.model = None  # type: ignore[assignment]
+        self.model = self.packed = None  # type: ignore[assignment]
 
 
 PAD_SHARE = 0.25   # the most of a padded batch's tokens that may be padding before the prompts are split
