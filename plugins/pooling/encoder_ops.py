@@ -34,6 +34,13 @@ def load() -> ctypes.CDLL | None:
     return _LIB.get()
 
 
+def _lib() -> ctypes.CDLL:
+    lib = _LIB.get()
+    if lib is None:
+        raise RuntimeError("the encoder_ops library could not be built (see the log); packed_bert.build returns None then")
+    return lib
+
+
 def _bf(t: torch.Tensor) -> int:
     if t.dtype == torch.bfloat16:
         return 1
@@ -58,7 +65,7 @@ def varlen_attention(qkv: torch.Tensor, cu_seqlens: torch.Tensor, heads: int, sc
                          f"must divide {hidden} columns")
     cu = cu_seqlens.contiguous()
     out = torch.empty((tokens, hidden), dtype=qkv.dtype)
-    if _LIB.lib.varlen_attention(qkv.data_ptr(), qkv.stride(0), out.data_ptr(), out.stride(0), cu.data_ptr(),
+    if _lib().varlen_attention(qkv.data_ptr(), qkv.stride(0), out.data_ptr(), out.stride(0), cu.data_ptr(),
                                  cu.numel() - 1, heads, hidden // heads, scale, _bf(qkv), torch.get_num_threads()):
         raise MemoryError("varlen_attention: no memory for a sequence's keys and values")
     return out
@@ -73,7 +80,7 @@ def add_layernorm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, bias
         raise ValueError("add_layernorm: x, res, weight and bias must share a dtype and x and res a shape")
     out = torch.empty_like(x)
     w, b = weight.contiguous(), bias.contiguous()
-    if _LIB.lib.add_layernorm(x.data_ptr(), x.stride(0), res.data_ptr(), res.stride(0), out.data_ptr(), out.stride(0),
+    if _lib().add_layernorm(x.data_ptr(), x.stride(0), res.data_ptr(), res.stride(0), out.data_ptr(), out.stride(0),
                               w.data_ptr(), b.data_ptr(), x.shape[0], x.shape[1], eps, _bf(x), torch.get_num_threads()):
         raise MemoryError("add_layernorm: no memory for a row")
     return out

@@ -60,18 +60,96 @@ static inline void store16(void *dst, __m512 v, __mmask16 m, const int bf) {
 
 static inline __mmask16 tail(int64_t n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1); }
 
-/* one head of one sequence of `len` rows (d a multiple of 16); buf holds attention_floats(len, d) floats */
+/* one bf16 or fp32 row of n (a multiple of 16) values as fp32 */
+static inline void widen_row(float *dst, const void *src, int64_t at, int64_t n, const int bf) {
+    for (int64_t c = 0; c < n; c += 16) {
+        __m512 x;
+        if (bf) x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+                        _mm256_loadu_si256((const __m256i *)((const uint16_t *)src + at + c))), 16));
+        else x = _mm512_loadu_ps((const float *)src + at + c);
+        _mm512_storeu_ps(dst + c, x);
+    }
+}
+
+/* each of the RB rows of sc ([RB][lp]) replaced by e^(s - its max) over its len keys (0 past them); inv[r] gets
+ * 1 / the row's sum, applied to the output instead of to every probability */
+static inline void exp_rows(float *sc, int64_t lp, int64_t len, float *inv) {
+    for (int r = 0; r < RB; r++) {
+        float *p = sc + r * lp;
+        __m512 m = _mm512_set1_ps(-INFINITY);
+        for (int64_t j = 0; j < lp; j += 16) m = _mm512_mask_max_ps(m, tail(len - j), m, _mm512_loadu_ps(p + j));
+        const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t j = 0; j < lp; j += 16) {
+            const __m512 e = _mm512_maskz_mov_ps(tail(len - j), exp16(_mm512_sub_ps(_mm512_loadu_ps(p + j), mx)));
+            _mm512_storeu_ps(p + j, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        inv[r] = 1.f / _mm512_reduce_add_ps(sum);
+    }
+}
+
+/* out rows i0 .. i0 + RB - 1 (those below len) = (sc rows . V) * inv: V fp32 [len][d] */
+static inline void weigh_values(const float *sc, int64_t lp, const float *inv, const float *v, int64_t len,
+                                int64_t d, void *out, int64_t os, int64_t first, int64_t rows, const int bf) {
+    for (int64_t c = 0; c < d; c += 16) {
+        __m512 acc[RB];
+        for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < len; j++) {
+            const __m512 vj = _mm512_loadu_ps(v + j * d + c);
+            for (int r = 0; r < RB; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(sc[r * lp + j]), vj, acc[r]);
+        }
+        for (int r = 0; r < RB && r < rows; r++) {
+            const int64_t at = (first + r) * os + c;
+            store16(bf ? (void *)((uint16_t *)out + at) : (void *)((float *)out + at),
+                    _mm512_mul_ps(acc[r], _mm512_set1_ps(inv[r])), 0xffff, bf);
+        }
+    }
+}
+
+/* one head of one sequence of `len` rows (d a multiple of 16); buf holds attention_floats(len, d) floats.
+ * Scores in fp32 from fp32 copies: q (scaled) [lq][d] and K transposed [d][lp], so 16 keys' scores take one FMA per
+ * head dimension; with AVX512_BF16 and bf16 rows, from the rows themselves: bf16 pairs of dimensions, two
+ * multiply-adds per lane per instruction (vdpbf16ps, exact products summed in fp32), then scaled. */
 static void head_attention(const void *qkv, int64_t qs, void *out, int64_t os, int64_t base, int64_t len,
                            int64_t hidden, int64_t h, int64_t d, float scale, float *buf, const int bf) {
     const int64_t lp = (len + 15) / 16 * 16, lq = (len + RB - 1) / RB * RB;
-    float *kt = buf, *v = kt + d * lp, *q = v + len * d, *sc = q + lq * d;
-    /* K transposed ([d][lp], zero past len) so 16 keys' scores take one FMA per head dimension */
+    float *kt = buf, *v = kt + d * lp, *q = v + len * d, *sc = q + lq * d, inv[RB];
+    for (int64_t j = 0; j < len; j++) widen_row(v + j * d, qkv, (base + j) * qs + h * d + 2 * hidden, d, bf);
+#if defined(__AVX512BF16__)
+    if (bf) {
+        uint32_t *k2 = (uint32_t *)kt, zero[d / 2];   /* [d / 2][lp] pairs of K's dimensions, zero past len */
+        memset(zero, 0, sizeof zero);
+        for (int64_t j = 0; j < lp; j++) {
+            const uint32_t *k = (const uint32_t *)((const uint16_t *)qkv + (base + j) * qs + hidden + h * d);
+            for (int64_t c = 0; c < d / 2; c++) k2[c * lp + j] = j < len ? k[c] : 0u;
+        }
+        const __m512 sv = _mm512_set1_ps(scale);
+        for (int64_t i0 = 0; i0 < lq; i0 += RB) {
+            const uint32_t *qr[RB];   /* rows past len read zeros: computed, never stored */
+            for (int r = 0; r < RB; r++)
+                qr[r] = i0 + r < len ? (const uint32_t *)((const uint16_t *)qkv + (base + i0 + r) * qs + h * d) : zero;
+            for (int64_t j = 0; j < lp; j += 16) {
+                __m512 acc[RB];
+                for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
+                for (int64_t c = 0; c < d / 2; c++) {
+                    const __m512bh k = (__m512bh)_mm512_loadu_si512(k2 + c * lp + j);
+                    for (int r = 0; r < RB; r++)
+                        acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32((int)qr[r][c]), k);
+                }
+                for (int r = 0; r < RB; r++) _mm512_storeu_ps(sc + r * lp + j, _mm512_mul_ps(acc[r], sv));
+            }
+            exp_rows(sc, lp, len, inv);
+            weigh_values(sc, lp, inv, v, len, d, (char *)out + 2 * h * d, os, base + i0, len - i0, bf);
+        }
+        return;
+    }
+#endif
     for (int64_t j = 0; j < lp; j++) {
         const int64_t row = (base + j) * qs + h * d;
         for (int64_t c = 0; c < d; c++) kt[c * lp + j] = j < len ? ld(qkv, row + hidden + c, bf) : 0.f;
-        if (j < len) for (int64_t c = 0; c < d; c++) v[j * d + c] = ld(qkv, row + 2 * hidden + c, bf);
     }
-    for (int64_t i = 0; i < lq; i++) {   /* rows past len are zeros: computed, never stored */
+    for (int64_t i = 0; i < lq; i++) {
         const int64_t row = (base + i) * qs + h * d;
         for (int64_t c = 0; c < d; c++) q[i * d + c] = i < len ? ld(qkv, row + c, bf) * scale : 0.f;
     }
@@ -86,32 +164,8 @@ static void head_attention(const void *qkv, int64_t qs, void *out, int64_t os, i
             }
             for (int r = 0; r < RB; r++) _mm512_storeu_ps(sc + r * lp + j, acc[r]);
         }
-        for (int r = 0; r < RB; r++) {   /* softmax of each row over its len keys (the padded lanes get 0) */
-            float *p = sc + r * lp;
-            __m512 m = _mm512_set1_ps(-INFINITY);
-            for (int64_t j = 0; j < lp; j += 16) m = _mm512_mask_max_ps(m, tail(len - j), m, _mm512_loadu_ps(p + j));
-            const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(m));
-            __m512 sum = _mm512_setzero_ps();
-            for (int64_t j = 0; j < lp; j += 16) {
-                const __m512 e = _mm512_maskz_mov_ps(tail(len - j), exp16(_mm512_sub_ps(_mm512_loadu_ps(p + j), mx)));
-                _mm512_storeu_ps(p + j, e);
-                sum = _mm512_add_ps(sum, e);
-            }
-            const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sum));
-            for (int64_t j = 0; j < lp; j += 16) _mm512_storeu_ps(p + j, _mm512_mul_ps(_mm512_loadu_ps(p + j), inv));
-        }
-        for (int64_t c = 0; c < d; c += 16) {
-            __m512 acc[RB];
-            for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
-            for (int64_t j = 0; j < len; j++) {
-                const __m512 vj = _mm512_loadu_ps(v + j * d + c);
-                for (int r = 0; r < RB; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(sc[r * lp + j]), vj, acc[r]);
-            }
-            for (int r = 0; r < RB && i0 + r < len; r++) {
-                const int64_t at = (base + i0 + r) * os + h * d + c;
-                store16(bf ? (void *)((uint16_t *)out + at) : (void *)((float *)out + at), acc[r], 0xffff, bf);
-            }
-        }
+        exp_rows(sc, lp, len, inv);
+        weigh_values(sc, lp, inv, v, len, d, (char *)out + (bf ? 2 : 4) * h * d, os, base + i0, len - i0, bf);
     }
 }
 
@@ -172,9 +226,9 @@ int varlen_attention(const void *qkv, int64_t qs, void *out, int64_t os, const i
     int failed = 0;
     #pragma omp parallel num_threads(nt) if (nt > 1 && tasks > 1)
     {
-        const int vec = VECTOR_HEAD(d);
         int64_t floats = 2 * longest * d + longest + d;
 #ifdef VECTOR_ATTENTION
+        const int vec = VECTOR_HEAD(d);
         if (vec) floats = attention_floats(longest, d);
 #endif
         float *buf = malloc(sizeof(float) * (size_t)floats);
