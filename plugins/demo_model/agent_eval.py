@@ -19,20 +19,23 @@ from modelcall.plugins.demo_model import evalset
 TOOLS = ["modelcall.plugins.demo_model.tools:calculator", "modelcall.plugins.demo_model.tools:get_weather"]
 
 
-def ask(base_url: str, question: str) -> dict[str, Any]:
-    """One `modelcall agent --json` task (the CLI itself, as a user runs it); its TaskResult as a dict."""
+def ask(base_url: str, question: str, model: str | None = None) -> dict[str, Any]:
+    """One `modelcall agent --json` task (the CLI itself, as a user runs it); its TaskResult as a dict.
+    `model`: the served name to ask (a LoRA adapter's, for the agent demo), else the server's model."""
     exe = os.path.join(os.path.dirname(sys.executable), "modelcall")
+    named = ["--model", model] if model else []
     out = subprocess.run([exe, "agent", "--base-url", base_url, "--tools", *TOOLS, "--json", "--max-turns", "3",
-                          "--param", "temperature=0", "--param", "max_tokens=80", question],
+                          *named, "--param", "temperature=0", "--param", "max_tokens=80", question],
                          capture_output=True, text=True, timeout=300)
     if not out.stdout.strip():
         raise RuntimeError(f"modelcall agent printed nothing for {question!r}: {out.stderr[-2000:]}")
     return json.loads(out.stdout)
 
 
-def score(base_url: str, rows: list[dict[str, Any]], workers: int = 2) -> tuple[dict[str, Any], list[dict]]:
+def score(base_url: str, rows: list[dict[str, Any]], workers: int = 2,
+          model: str | None = None) -> tuple[dict[str, Any], list[dict]]:
     with ThreadPoolExecutor(workers) as pool:
-        results = list(pool.map(lambda r: ask(base_url, r["question"]), rows))
+        results = list(pool.map(lambda r: ask(base_url, r["question"], model), rows))
     verdicts, wrong = [], []
     for row, res in zip(rows, results):
         calls = [evalset.Call(c["name"], c["arguments"], c["status"], c["result"]) for c in res["tool_calls"]]
@@ -47,10 +50,11 @@ def score(base_url: str, rows: list[dict[str, Any]], workers: int = 2) -> tuple[
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base-url", required=True)
+    p.add_argument("--model", help="the served model name to ask (e.g. the agent demo's adapter, `demo`)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--every", type=int, default=1, metavar="N", help="every Nth question only (a quick look)")
     a = p.parse_args(argv)
-    summary, wrong = score(a.base_url, evalset.load()[::a.every], a.workers)
+    summary, wrong = score(a.base_url, evalset.load()[::a.every], a.workers, a.model)
     print(json.dumps({"summary": summary, "wrong": wrong}, indent=1, ensure_ascii=False))
     return 0
 
