@@ -17,6 +17,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
+from modelcall.core.quota_store import QuotaLimits
+
 
 class Caller(msgspec.Struct, frozen=True, kw_only=True):
     """An authenticated caller. `name` is recorded with each request (never the key itself).
@@ -34,7 +36,9 @@ class Caller(msgspec.Struct, frozen=True, kw_only=True):
     priority: int = 0
     models: frozenset[str] | None = None
     tools: frozenset[str] | None = None
-    limits: Any = None
+    # NOTE: typed, so that a caller sent to a replica (plugins/scale/wire.py) decodes with its limits as
+    # limits, not as a dict the quota meters cannot read.
+    limits: QuotaLimits | None = None
     cache_group: str | None = None
     expires_at: float | None = None
     weight: float = 1.0

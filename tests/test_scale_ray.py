@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any
 
+import msgspec
 import pytest
 
 import ray  # noqa: E402  (the test extra's ray[serve]: a missing package is an error, not a skip)
@@ -27,6 +28,8 @@ import openai  # noqa: E402
 from aiohttp import web  # noqa: E402
 
 from lora_adapters import ADAPTERS, build_adapter, reference_outputs  # noqa: E402
+from keys_util import write_keys  # noqa: E402
+from redis_server import redis_server  # noqa: E402,F401 (the module-scoped fixture)
 from modelcall.core import Kernel, KernelConfig  # noqa: E402
 from modelcall.plugins.http.app import create_app  # noqa: E402
 from modelcall.plugins.scale import deploy  # noqa: E402
@@ -353,3 +356,73 @@ def test_drain_refuses_new_requests_everywhere_and_lets_running_ones_finish(serv
     assert r.status_code == 503 and r.json()["error"]["message"], r.text
     assert all(not s["ready"] for s in replica_stats(server).values())
     assert requests.get(server.url + "/ready", timeout=10).status_code == 503
+
+
+# ---- the quota store through the replicas (issue 41): last, on the same cluster, redeployed ---------
+
+QUOTA_KEY, PROBE_KEY, RPM = "mc-ray-quota-key", "mc-ray-probe-key", 3
+
+
+@pytest.fixture(scope="module")
+def quota_server(server: ReplicatedServer, redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:  # noqa: F811
+    """The module's cluster once the tests above are done (the last one drained the replicas), redeployed
+    with API keys and one redis-server as the quota store: every replica charges it (fail closed)."""
+    keys = write_keys(tmp_path_factory.mktemp("raykeys") / "keys.toml", {   # one cache group: the same routes
+        QUOTA_KEY: {"name": "rayq", "rpm": RPM, "cache_group": "g"}, PROBE_KEY: {"name": "probe", "cache_group": "g"}})
+    cfg = msgspec.structs.replace(config(server.model_dir, server.ledger), plugin_config={
+        "ledger": {"path": server.ledger}, "auth": {"api_keys": str(keys), "quota_store": redis_server.url}})
+    with ReplicatedServer(cfg) as s:
+        yield s
+
+
+def quota_gauges(server: ReplicatedServer) -> dict[tuple[str, str], float]:
+    """(series, replica) -> value of the quota store's gauges on the front end's one /metrics."""
+    text = requests.get(server.url + "/metrics", headers={"Authorization": f"Bearer {PROBE_KEY}"}, timeout=60).text
+    return {(line.split("{", 1)[0], line.split('replica="', 1)[1].split('"', 1)[0]): float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith("modelcall:quota_store_") and 'replica="' in line}
+
+
+def test_replicas_charge_one_quota_store_and_its_gauges_reach_the_front_end(quota_server: ReplicatedServer,
+                                                                          redis_server: Any) -> None:  # noqa: F811
+    probe = openai.OpenAI(base_url=quota_server.url + "/v1", api_key=PROBE_KEY, max_retries=0, timeout=60)
+    limited = openai.OpenAI(base_url=quota_server.url + "/v1", api_key=QUOTA_KEY, max_retries=0, timeout=60)
+    home = {i: chat(probe, SYSTEMS[i], "where")[0] for i in range(len(SYSTEMS))}   # each system's replica
+    ids = sorted(set(home.values()))
+    assert len(ids) == 2, home
+    alternating = [next(i for i in home if home[i] == r) for r in ids]   # one system homed on each replica
+    t0 = time.monotonic()
+    served, refused = [], []
+
+    def ask(n: int) -> None:
+        for k in range(n):
+            try:
+                served.append(chat(limited, SYSTEMS[alternating[k % 2]], f"quota {k}")[0])
+            except openai.RateLimitError as e:
+                assert e.response.headers.get("Retry-After"), e.response.headers
+                refused.append(e.message)
+
+    def bucket() -> int:   # what a token bucket of RPM allows since the storm began
+        return RPM + int(RPM * (time.monotonic() - t0) / 60)
+
+    ask(4 * RPM)   # a storm of 4 x the key's requests per minute, over both replicas in turn
+    assert set(served) == set(ids), served                # both replicas admitted some: both charge the store
+    assert len(served) <= bucket(), served                # their sum: counting alone, each would admit RPM
+    assert len(refused) == 4 * RPM - len(served) and "requests per minute" in refused[0]
+    gauges = quota_gauges(quota_server)
+    assert {g for g in gauges if g[0] == "modelcall:quota_store_up"} == {("modelcall:quota_store_up", r) for r in ids}
+    assert all(v == 1.0 for (name, _), v in gauges.items() if name == "modelcall:quota_store_up"), gauges
+
+    redis_server.kill()
+    for i in alternating:   # fail closed: both replicas refuse with 503 and say why
+        with pytest.raises(openai.APIStatusError) as down:
+            chat(limited, SYSTEMS[i], "down")
+        assert down.value.status_code == 503 and "cannot be reached" in down.value.message
+    gauges = quota_gauges(quota_server)
+    assert all(gauges[("modelcall:quota_store_up", r)] == 0.0 and gauges[("modelcall:quota_store_errors", r)] >= 1
+               for r in ids), gauges
+
+    redis_server.start()   # its append-only file kept the buckets
+    time.sleep(1.1)        # a replica does not ask the store again for a second after a failure
+    ask(2)
+    assert len(served) <= bucket(), served   # the buckets Redis kept: not a fresh RPM after the restart
+    assert all(quota_gauges(quota_server)[("modelcall:quota_store_up", r)] == 1.0 for r in ids)

@@ -35,14 +35,12 @@ import msgspec
 
 from modelcall.core.errors import ConfigError
 from modelcall.core.metering import Caller
+from modelcall.core.quota_store import QuotaLimits
 
 log = logging.getLogger("modelcall.auth")
 
 
-class Limits(msgspec.Struct, frozen=True, kw_only=True):
-    rpm: int | None = None
-    tpm: int | None = None
-    daily_tokens: int | None = None
+Limits = QuotaLimits  # a key's limits are what the quota meters and stores apply (core/quota_store.py)
 
 
 class KeyEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

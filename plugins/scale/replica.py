@@ -75,9 +75,11 @@ class KernelReplica:
         return wire.encode(wire.Counted(replica=self.name, tokens=n))
 
     def stats(self, route: Any = None) -> dict[str, Any]:
-        """The kernel's snapshot, named: /metrics labels each replica's series with `replica`."""
+        """The kernel's snapshot, named: /metrics labels each replica's series with `replica`. With its
+        meters' gauges (the quota store's up / fail-open / errors: the store is charged here, not in
+        the front end)."""
         return {**self.kernel.stats(), "replica": self.name, "actor_name": self.actor_name,
-                "ready": self.kernel.ready, "pid": os.getpid()}
+                "ready": self.kernel.ready, "pid": os.getpid(), "meter_gauges": meter_gauges(self.kernel)}
 
     def describe(self, route: Any = None) -> dict[str, Any]:
         """What the front end needs to stand in for this kernel: the model's spec, names, window."""
@@ -153,6 +155,16 @@ def _actor_name() -> str:
         return ray.get_runtime_context().get_actor_name() or ""
     except Exception:  # noqa: BLE001 - only a label
         return ""
+
+
+def meter_gauges(kernel: Kernel) -> list[tuple[str, str, float]]:
+    """(name, help, value) of every meter that has gauges (optional Meter.gauges, core/metering.py)."""
+    out: list[tuple[str, str, float]] = []
+    for _name, meter in kernel.meters:
+        gauges = getattr(meter, "gauges", None)
+        if gauges is not None:
+            out.extend((name, doc, float(value)) for name, doc, value in gauges())
+    return out
 
 
 def describe_spec(kernel: Kernel) -> dict[str, Any]:

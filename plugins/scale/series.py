@@ -1,5 +1,7 @@
 """Per-replica series for the one /metrics: counted in the front end from the events each replica
-streams back (exact, no scrape of the replicas), plus each replica's kernel gauges when scraped."""
+streams back (exact, no scrape of the replicas), plus each replica's kernel gauges when scraped, and
+its meters' gauges under their own names with a `replica` label (e.g. `modelcall:quota_store_up`:
+the replicas charge the quota store, the front end does not)."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -36,11 +38,11 @@ class ReplicaSeries:
         """Prometheus text: counters by replica, and `gauges` (replica id -> kernel stats) when given."""
         out: list[str] = []
 
-        def family(name: str, kind: str, doc: str, rows: list[tuple[dict[str, str], float]]) -> None:
-            out.append(f"# HELP {P}{name} {doc}\n# TYPE {P}{name} {kind}\n")
+        def family(name: str, kind: str, doc: str, rows: list[tuple[dict[str, str], float]], prefix: str = P) -> None:
+            out.append(f"# HELP {prefix}{name} {doc}\n# TYPE {prefix}{name} {kind}\n")
             for labels, v in rows:
                 lab = ",".join(f'{k}="{val}"' for k, val in {"model_name": model, **labels}.items())
-                out.append(f"{P}{name}{{{lab}}} {float(v)}\n")
+                out.append(f"{prefix}{name}{{{lab}}} {float(v)}\n")
 
         family("requests_total", "counter", "Requests admitted by each replica.",
                [({"replica": r}, n) for r, n in sorted(self.requests.items())])
@@ -65,4 +67,10 @@ class ReplicaSeries:
                     if isinstance(v, (int, float)) and not isinstance(v, bool):
                         kv_rows.append(({"replica": r, "stat": k}, v))
             family("kv", "gauge", "The replica's KV cache stats (blocks, prefix hits).", kv_rows)
+            meters: dict[str, tuple[str, list[tuple[dict[str, str], float]]]] = {}
+            for r, s in sorted(gauges.items()):
+                for name, doc, value in s.get("meter_gauges") or ():
+                    meters.setdefault(name, (doc, []))[1].append(({"replica": r}, value))
+            for name, (doc, rows) in meters.items():
+                family(name, "gauge", doc, rows, prefix="modelcall:")
         return "".join(out).encode()
