@@ -2,7 +2,8 @@
 (csrc/encoder_ops.c, built by core.native like the runner's kernels).
 
     varlen_attention   softmax(Q K^T * scale) V of every sequence and head, from one QKV GEMM's rows
-    add_layernorm      LayerNorm(x + res) * w + b (BERT's residual and norm, one pass instead of two ops)
+    add_layernorm      LayerNorm(x + res) * w + b (BERT's residual and norm, one pass instead of two ops), the
+                       residual stream in fp32
 
 NOTE: why C: at 64 tokens torch's SDPA on a padded [batch, heads, len, head_dim] batch ran ~4 GFLOP/s on one core
 (12 % of an all-MiniLM-L6-v2 forward for ~2 % of its FLOPs), and it needs the padding packed rows avoid.
@@ -21,7 +22,7 @@ _p, _i64, _f, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_i
 
 def _declare(lib: ctypes.CDLL) -> None:
     lib.varlen_attention.argtypes = [_p, _i64, _p, _i64, _p, _i64, _i64, _i64, _f, _int, _int]
-    lib.add_layernorm.argtypes = [_p, _i64, _p, _i64, _p, _i64, _p, _p, _i64, _i64, _f, _int, _int]
+    lib.add_layernorm.argtypes = [_p, _i64, _p, _i64, _p, _i64, _p, _p, _p, _i64, _i64, _f, _int, _int]
     lib.varlen_attention.restype = lib.add_layernorm.restype = _int
 
 
@@ -72,15 +73,20 @@ def varlen_attention(qkv: torch.Tensor, cu_seqlens: torch.Tensor, heads: int, sc
 
 
 def add_layernorm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                  eps: float) -> torch.Tensor:
-    """LayerNorm(x + res) * weight + bias, [rows, n] (the sum rounded to the dtype first, as torch's add rounds)."""
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(LayerNorm(x + res) * weight + bias in x's dtype, the same in fp32): x [rows, n] in bf16 or fp32 (a GEMM's
+    output), res [rows, n] fp32 (the residual stream), weight and bias fp32. The fp32 result is the next residual;
+    the other the next GEMM's input (the same tensor when x is fp32)."""
     _rows(x)
     _rows(res)
-    if x.shape != res.shape or x.dtype != res.dtype or weight.dtype != x.dtype or bias.dtype != x.dtype:
-        raise ValueError("add_layernorm: x, res, weight and bias must share a dtype and x and res a shape")
-    out = torch.empty_like(x)
+    if x.shape != res.shape or res.dtype != torch.float32 or weight.dtype != torch.float32 or bias.dtype != torch.float32:
+        raise ValueError("add_layernorm: res, weight and bias must be fp32 and x the shape of res")
+    bf = _bf(x)
+    res_out = torch.empty(x.shape, dtype=torch.float32)
+    out = torch.empty_like(x) if bf else res_out
     w, b = weight.contiguous(), bias.contiguous()
     if _lib().add_layernorm(x.data_ptr(), x.stride(0), res.data_ptr(), res.stride(0), out.data_ptr(), out.stride(0),
-                              w.data_ptr(), b.data_ptr(), x.shape[0], x.shape[1], eps, _bf(x), torch.get_num_threads()):
+                            res_out.data_ptr() if bf else None, w.data_ptr(), b.data_ptr(), x.shape[0], x.shape[1],
+                            eps, bf, torch.get_num_threads()):
         raise MemoryError("add_layernorm: no memory for a row")
-    return out
+    return out, res_out

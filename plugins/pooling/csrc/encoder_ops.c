@@ -2,12 +2,12 @@
  *
  *     varlen_attention   each sequence's softmax(Q K^T * scale) V per head, bidirectional, from the rows of one
  *                        QKV GEMM ([tokens, 3 * hidden]: q | k | v), sequences given by their row offsets
- *     add_layernorm      out = LayerNorm(x + res) * w + b per row (BERT's residual and norm after each sublayer)
+ *     add_layernorm      out = LayerNorm(x + res) * w + b per row (BERT's residual and norm after each sublayer),
+ *                        the residual stream kept in fp32
  *
  * Rows of every sequence lie back to back, so nothing is computed on padding and no mask is read. The math is
- * fp32 (bf16 inputs widened, the result rounded once to bf16 as torch rounds: nearest, ties to even); add_layernorm
- * rounds the sum to the dtype before the norm, as the HF module's add does. (sequence, head) pairs and rows run in
- * parallel when there are threads and work enough. */
+ * fp32 (bf16 inputs widened, the result rounded once to bf16 as torch rounds: nearest, ties to even). (sequence,
+ * head) pairs and rows run in parallel when there are threads and work enough. */
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -250,10 +250,11 @@ int varlen_attention(const void *qkv, int64_t qs, void *out, int64_t os, const i
     return failed ? -1 : 0;
 }
 
-/* out[r] = LayerNorm(x[r] + res[r]) * w + b; row strides in elements; w and b in the rows' dtype. Returns 0, or -1
- * when out of memory. */
-int add_layernorm(const void *x, int64_t xs, const void *res, int64_t rs, void *out, int64_t os, const void *w,
-                  const void *b, int64_t rows, int64_t n, float eps, int bf, int nt) {
+/* out[r] = LayerNorm(x[r] + res[r]) * w + b, and the same unrounded into res_out[r] (when given); x and out in the
+ * rows' dtype (bf), res and res_out fp32, w and b fp32; row strides in elements. Returns 0, or -1 when out of memory.
+ * NOTE: the residual stream stays fp32 (res -> res_out): only the GEMMs' inputs are rounded to bf16. */
+int add_layernorm(const void *x, int64_t xs, const float *res, int64_t rs, void *out, int64_t os, float *res_out,
+                  const float *w, const float *b, int64_t rows, int64_t n, float eps, int bf, int nt) {
     int failed = 0;
     #pragma omp parallel num_threads(nt) if (nt > 1 && rows * n >= (1 << 16))
     {
@@ -267,17 +268,18 @@ int add_layernorm(const void *x, int64_t xs, const void *res, int64_t rs, void *
             if (!v) continue;
             float mean = 0.f;
             for (int64_t i = 0; i < n; i++) {
-                float s = ld(x, r * xs + i, bf) + ld(res, r * rs + i, bf);
-                if (bf) s = bf2f(f2bf(s));   /* the residual add rounds to bf16 first, as torch's add does */
-                v[i] = s;
-                mean += s;
+                v[i] = ld(x, r * xs + i, bf) + res[r * rs + i];
+                mean += v[i];
             }
             mean /= (float)n;
             float var = 0.f;
             for (int64_t i = 0; i < n; i++) { const float c = v[i] - mean; var += c * c; }
             const float rstd = 1.f / sqrtf(var / (float)n + eps);
-            for (int64_t i = 0; i < n; i++)
-                st(out, r * os + i, (v[i] - mean) * rstd * ld(w, i, bf) + ld(b, i, bf), bf);
+            for (int64_t i = 0; i < n; i++) {
+                const float y = (v[i] - mean) * rstd * w[i] + b[i];
+                st(out, r * os + i, y, bf);
+                if (res_out) res_out[r * n + i] = y;
+            }
         }
         free(v);
     }
