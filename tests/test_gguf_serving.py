@@ -153,7 +153,9 @@ runner = TorchModelRunner(KernelConfig(model=sys.argv[1], threads=1), model_dir,
 runner.allocate_kv_cache(64, 16)
 after = resident()
 print(json.dumps({"delta": after[0] - before[0], "vmrss_delta": after[1] - before[1],
-                  "kv": runner.kv_block_bytes(16) * 64, "weights": runner.weight_bytes}))
+                  "kv": runner.kv_block_bytes(16) * 64, "weights": runner.weight_bytes,
+                  "huge": runner.huge_pages.huge_bytes if runner.huge_pages else 0,
+                  "thp": open("/sys/kernel/mm/transparent_hugepage/enabled").read()}))
 """
 
 
@@ -181,6 +183,9 @@ def test_gemma_q4_k_m_resident_memory_within_a_tenth_of_the_file():
     m = json.loads(out.stdout.strip().splitlines()[-1])
     size = os.path.getsize(path)
     print(f"file {size / 1e6:.1f} MB, resident growth {m['delta'] / 1e6:.1f} MB (VmRSS {m['vmrss_delta'] / 1e6:.1f} "
-          f"MB with library code), weights {m['weights'] / 1e6:.1f} MB, KV {m['kv'] / 1e6:.1f} MB")
+          f"MB with library code), weights {m['weights'] / 1e6:.1f} MB ({m['huge'] / 1e6:.1f} MB on 2 MiB pages), "
+          f"KV {m['kv'] / 1e6:.1f} MB")
     assert m["weights"] <= 1.1 * size
     assert m["delta"] <= 1.1 * size + m["kv"], (m, size)
+    if "[never]" not in m["thp"]:   # the weights a decode step streams are on 2 MiB pages (core/huge_pages.py)
+        assert m["huge"] >= 0.95 * m["weights"], m

@@ -28,6 +28,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from modelcall.core import huge_pages
 from modelcall.plugins.runner import attention, cpu_kernel, decode_stack, fused_ops, heap, packing, plain_decode, quant
 from modelcall.plugins.runner.batch import StepBatch
 
@@ -145,6 +146,7 @@ class LeanStack:
         self.num_q, self.num_kv, self.head_dim = heads
         self.cos = self.sin = self.final_norm.new_empty(0, self.head_dim)
         self.act_mul = "silu_mul"   # fused_ops' activation-times-up, by name (the decode stack calls it too)
+        self.rehomed: huge_pages.Rehomed | None = None   # set by build(): the weights moved onto 2 MiB pages
         self.plain: plain_decode.DecodeAttention | None = None   # set by build() (plain_decode.py)
         self.cstack: decode_stack.DecodeStack | None = None      # set by build() (decode_stack.py)
 
@@ -211,13 +213,14 @@ class LeanStack:
 
 
 def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows: tuple[int, ...],
-          mode: Any = "auto", epilogues: Any = "auto", plain: Any = "auto", cstack: Any = "auto") -> LeanStack | None:
+          mode: Any = "auto", epilogues: Any = "auto", plain: Any = "auto", cstack: Any = "auto",
+          huge: Any = True) -> LeanStack | None:
     """The lean stack for `model` when `mode` and the model allow it, else None (transformers' modules run)."""
     if mode in (False, "off", "false"):
         return None
     if getattr(hf_config, "model_type", "") in ("gemma3_text",):   # four norms a layer, GELU, two rotary tables
         from modelcall.plugins.runner import lean_gemma
-        return lean_gemma.build(base, hf_config, windows, mode, plain, cstack)   # type: ignore[return-value]
+        return lean_gemma.build(base, hf_config, windows, mode, plain, cstack, huge)   # type: ignore[return-value]
     embed = getattr(base, "embed_tokens", None)
     norm = getattr(base, "norm", None)
     if not isinstance(embed, torch.nn.Embedding) and type(embed).__name__ != "QuantEmbedding" or norm is None:
@@ -253,6 +256,7 @@ def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows
     d = layers[0].attn.head_dim
     stack = LeanStack(base, layers, float(base.norm.variance_epsilon),
                       (int(hf_config.num_attention_heads), int(hf_config.num_key_value_heads), int(d)))
+    stack.rehomed = rehome_weights([model], layers, huge)
     if plain not in (False, "off", "false") and cpu_kernel.load() is not None:
         stack.plain = plain_decode.DecodeAttention(stack)
     if cstack not in (False, "off", "false"):
@@ -262,6 +266,16 @@ def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows
     log.info("lean decoder stack: %d %s layers (%s; plain decode steps in one call per layer: %s, all layers in one "
              "call: %s)", len(layers), hf_config.model_type, dtype, stack.plain is not None, stack.cstack is not None)
     return stack
+
+
+def rehome_weights(modules: list[torch.nn.Module], layers: list[Layer], on: Any) -> huge_pages.Rehomed | None:
+    """The weights of `modules` and of the stack's fused linears moved onto 2 MiB pages (core/huge_pages.py), before
+    the decode stack takes their addresses; None when `on` is off or nothing moved."""
+    if on in (False, "off", "false"):
+        return None
+    owners = [getattr(f, "__self__", None) for L in layers for f in (L.qkv, L.o, L.gate_up, L.gate, L.up, L.down)]
+    return huge_pages.rehome(huge_pages.module_tensors(*modules, *(o for o in owners
+                                                                   if isinstance(o, torch.nn.Module))))
 
 
 def layer_linears(attn: Any, mlp: Any) -> tuple[Linear, Linear, Linear | None, Linear | None, Linear | None,

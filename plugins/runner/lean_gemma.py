@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from modelcall.core import huge_pages
 from modelcall.plugins.runner import attention, cpu_kernel, decode_stack, fused_ops, lean, plain_decode
 from modelcall.plugins.runner.batch import StepBatch
 
@@ -61,6 +62,7 @@ class GemmaStack:
         self.act_mul = "gelu_tanh_mul"   # fused_ops' name (the decode stack calls it too)
         self.plain: plain_decode.DecodeAttention | None = None   # set by build()
         self.cstack: decode_stack.DecodeStack | None = None      # set by build()
+        self.rehomed: huge_pages.Rehomed | None = None            # set by build()
 
     def rope_table(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The cos/sin table of `layer`'s type (plain_decode reads it)."""
@@ -119,7 +121,7 @@ class GemmaStack:
 
 
 def build(base: torch.nn.Module, hf_config: Any, windows: tuple[int, ...], mode: Any, plain: Any = "auto",
-          cstack: Any = "auto") -> GemmaStack | None:
+          cstack: Any = "auto", huge: Any = True) -> GemmaStack | None:
     """The Gemma stack for `base` when `mode` and the model allow it (fp32 on CPU; "auto": quantized linears),
     else None (transformers' modules run)."""
     norm = getattr(base, "norm", None)
@@ -150,6 +152,7 @@ def build(base: torch.nn.Module, hf_config: Any, windows: tuple[int, ...], mode:
                                  post_ff=_unit(layer.post_feedforward_layernorm), table=attn.layer_type))
     stack = GemmaStack(base, layers, float(base.norm.eps), (int(hf_config.num_attention_heads),
                                                             int(hf_config.num_key_value_heads), int(attn.head_dim)))
+    stack.rehomed = lean.rehome_weights([base], layers, huge)   # type: ignore[arg-type]
     if plain not in (False, "off", "false") and cpu_kernel.load() is not None:
         stack.plain = plain_decode.DecodeAttention(stack)   # type: ignore[arg-type]
     if cstack not in (False, "off", "false"):

@@ -12,6 +12,7 @@ import torch
 
 from modelcall.core import ConfigError, KernelConfig, SchedulePlan, StepOutput
 from modelcall.core.plan import kv_groups
+from modelcall.core import huge_pages
 from modelcall.core.stages import Sampler
 from modelcall.plugins.runner import (
     attention, cpu_kernel, cuda_graphs, gguf_file, gguf_weights, heap, lean, lora_runner, omp_team, quant_load,
@@ -106,12 +107,17 @@ class TorchModelRunner:
         if self.attention_backend is None and not self.graph_mode:
             self.lean = lean.build(model, self.base, hf_config, self.spec.layer_windows, runner_cfg.get("lean", "auto"),
                                    runner_cfg.get("lean_epilogues", "auto"), runner_cfg.get("lean_plain_decode", "auto"),
-                                   runner_cfg.get("lean_decode_stack", "auto"))
+                                   runner_cfg.get("lean_decode_stack", "auto"), runner_cfg.get("huge_pages", True))
         # LoRA adapters on this base model (plugins/runner/lora_runner.py); None: LoRA off (the kernel's catalog: loras)
         self.lora: lora_runner.RunnerLora | None = None
         if config.lora_enabled:
             self.lora = lora_runner.RunnerLora(model, self.base, self.lean, config, p.dtype, p.device)
         self.loras = self.lora.registry if self.lora is not None else None
+        # the weights a decode step streams, on 2 MiB pages (core/huge_pages.py; the lean stack moves its own before
+        # its decode stack takes their addresses); runner huge_pages false: left where they were allocated
+        self.huge_pages = self.lean.rehomed if self.lean is not None else None
+        if self.lean is None and p.device.type == "cpu" and runner_cfg.get("huge_pages", True):
+            self.huge_pages = huge_pages.rehome(huge_pages.module_tensors(model))
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_size = 0
         self.decode_state = DecodeState()   # consecutive decode steps of the same requests: updated, not rebuilt
@@ -162,7 +168,10 @@ class TorchModelRunner:
         shape = (self.group_size, 2, (num_blocks + extra) * block_size, s.num_kv_heads, s.head_dim)
         # NOTE: zeros, not empty: padded attention reads unused slots (masked out) and NaN garbage
         # would still poison masked SDPA rows through 0 * NaN.
-        cache = torch.zeros(shape, dtype=self.placement.kv_dtype, device=self.placement.device)
+        cache = torch.empty(shape, dtype=self.placement.kv_dtype, device=self.placement.device)
+        if cache.device.type == "cpu":   # K/V reads of a decode step on 2 MiB pages (core/huge_pages.py)
+            huge_pages.advise(cache)
+        cache.zero_()
         self.kv = [(cache[m, 0], cache[m, 1]) for m in self.layer_member]
         self.block_size = block_size
         if self.graph_mode:
