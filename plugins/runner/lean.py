@@ -176,11 +176,11 @@ class LeanStack:
         fused_ops.add_rmsnorm(None, h, x, self.layers[0].norm1, eps)
         last = len(self.layers) - 1
         heads = (nq, nkv, nkv)
-        # NOTE: a step with LoRA rows (step.lora) takes neither the one-call attention nor the all-layers C stack: the
-        # stack runs every projection in C, past the adapters' deltas (plugins/runner/lora_runner.py)
-        plain = (self.plain if self.plain is not None and step.lora is None
-                 and self.plain.prepare(step, pos, tokens, h.dtype) else None)
-        if plain is not None and self.cstack is not None and tokens <= self.cstack.max_tokens(h.dtype):
+        # NOTE: a step with LoRA rows (step.lora) never takes the all-layers C stack, which runs every projection in C,
+        # past the adapters' deltas (plugins/runner/lora_runner.py); the one-call attention reads q|k|v after them
+        plain = (self.plain if self.plain is not None and self.plain.prepare(step, pos, tokens, h.dtype) else None)
+        if (plain is not None and step.lora is None and self.cstack is not None
+                and tokens <= self.cstack.max_tokens(h.dtype)):
             self.cstack.run(h, x)   # every layer in one C call: the loop below, over quantized weights
             return x
         act: torch.Tensor | None = None   # silu(gate) * up, one buffer for every layer (down reads it before the next)

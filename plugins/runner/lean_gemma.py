@@ -93,9 +93,9 @@ class GemmaStack:
         last = len(self.layers) - 1
         heads = (nq, nkv, nkv)
         act: torch.Tensor | None = None
-        plain = (self.plain if self.plain is not None and step.lora is None
-                 and self.plain.prepare(step, pos, tokens, h.dtype) else None)
-        if plain is not None and self.cstack is not None and tokens <= self.cstack.max_tokens(h.dtype):
+        plain = (self.plain if self.plain is not None and self.plain.prepare(step, pos, tokens, h.dtype) else None)
+        if (plain is not None and step.lora is None and self.cstack is not None
+                and tokens <= self.cstack.max_tokens(h.dtype)):
             self.cstack.run(h, x)   # every layer in one C call: the loop below, over quantized weights
             return x
         for i, L in enumerate(self.layers):
