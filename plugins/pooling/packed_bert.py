@@ -16,11 +16,13 @@ from modelcall.plugins.pooling import cpu_gemm, encoder_ops
 
 def build(model: torch.nn.Module) -> PackedBert | None:
     """A PackedBert of transformers' `BertModel` on the CPU, or None where this forward would not be the model's
-    (another architecture or activation, a decoder, a torch without oneDNN) or the C library cannot be built."""
+    (another architecture or activation, a decoder, a dtype but bf16 or fp32, a torch without oneDNN) or the C library
+    cannot be built."""
     config = getattr(model, "config", None)
     if (type(model).__name__ != "BertModel" or config is None or getattr(config, "hidden_act", None) != "gelu"
             or getattr(config, "is_decoder", False) or getattr(config, "position_embedding_type", "absolute") != "absolute"
             or next(model.parameters()).device.type != "cpu"
+            or next(model.parameters()).dtype not in (torch.bfloat16, torch.float32)
             or not cpu_gemm.packing_agrees(next(model.parameters()).dtype) or encoder_ops.load() is None):
         return None
     return PackedBert(model)
