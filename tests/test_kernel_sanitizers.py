@@ -1,8 +1,8 @@
 """The C kernels built with AddressSanitizer and UndefinedBehaviorSanitizer (MODELCALL_KERNEL_CFLAGS, a cache key of
 their own), and the kernel tests run once over them in a subprocess: a read or write past a buffer, a use after free
 or undefined arithmetic in any entry (paged_attention and write_kv over every cache type, decode_layer_attention,
-block_attention, the fused ops, row_argmax, the r16 quantized kernels, the decode stack) fails this test with the
-sanitizer's report.
+block_attention, the fused ops, row_argmax, the r16 quantized kernels, the decode stack, the encoder's attention and
+norm) fails this test with the sanitizer's report.
 
 The subprocess preloads the compiler's libasan (CPython itself is not built with it, and ASan must come first) and
 turns leak checking off (CPython keeps its objects at exit by design). UBSan stops at its first report
@@ -23,7 +23,7 @@ SANITIZE = "-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-r
 # The kernel tests that reach every entry of the three libraries (the whole-model greedy tests of test_cascade are
 # left to the plain run: their model load is most of their time under the sanitizers)
 TESTS = ["tests/test_attention_decode.py", "tests/test_kv_fp8.py", "tests/test_cascade.py", "tests/test_plain_decode.py",
-         "tests/test_quant_r16.py", "tests/test_decode_stack.py",
+         "tests/test_quant_r16.py", "tests/test_decode_stack.py", "tests/test_packed_bert.py",
          "tests/test_sampler_greedy_path.py", "tests/test_lean.py::test_rope_without_head_norms_equals_transformers_bit_for_bit",
          "tests/test_lean.py::test_fused_ops_round_where_transformers_modules_round",
          "tests/test_lean.py::test_fused_ops_on_prefill_sized_rows_run_in_parallel_with_the_serial_numbers"]

@@ -10,13 +10,14 @@ import shutil
 import pytest
 
 from modelcall.core import native
+from modelcall.plugins.pooling import encoder_ops
 from modelcall.plugins.runner import cpu_kernel, decode_stack, fused_ops, quant
 from modelcall.plugins.sampler import row_argmax
 
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler")
 
 LIBRARIES = {"paged_attention": cpu_kernel._LIB, "fused_ops": fused_ops._LIB, "row_argmax": row_argmax._LIB,
-             "quant_kernels": quant._LIB, "decode_stack": decode_stack._LIB}
+             "quant_kernels": quant._LIB, "decode_stack": decode_stack._LIB, "encoder_ops": encoder_ops._LIB}
 ISAS = [()] + ([("-mno-avx512f",)] if platform.machine() in ("x86_64", "AMD64") else [])
 
 
