@@ -12,7 +12,8 @@ an adapter at run time.
 - swap:   the same, one model in memory at a time: each adapter's merged model is started (loaded, packed), serves
           its 4 requests and is stopped, all timed (what one process serving one merged model at a time pays).
 Adapters: PEFT-built, random A and B, rank --rank on q/k/v/o/gate/up/down (lora_alpha 2r). Throughput is output
-tokens per second of wall time; the ratios are of medians from the same process.
+tokens per second of wall time, and per second of this process's CPU time (time.process_time: on a machine other
+work loads, CPU time swings less than wall time); the ratios are of medians from the same process.
 """
 from __future__ import annotations
 
@@ -95,6 +96,7 @@ async def main() -> None:
                             plugin_config={"runner": {"cpu_bind": "auto"}}, **kw)
 
     figures: dict[str, list[float]] = {"base": [], "multi": [], "merged": [], "swap": []}
+    cpu: dict[str, list[float]] = {m: [] for m in figures}   # output tokens per CPU second
     async with contextlib.AsyncExitStack() as stack:
         base = await stack.enter_async_context(Kernel(config(args.model)))
         multi = await stack.enter_async_context(Kernel(config(args.model, lora_modules=adapters,
@@ -113,17 +115,19 @@ async def main() -> None:
             for mode, plan in plans.items():
                 for k in {id(k): k for wave in plan for k, _, _ in wave}.values():
                     k.kv.reset_prefix_cache()
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 for wave in plan:
                     await run_rows(wave)
                 figures[mode].append(tokens / (time.perf_counter() - t0))
-                print(f"run {run + 1} {mode:6s} W1 {figures[mode][-1]:.1f} tok/s", flush=True)
-            t0 = time.perf_counter()
+                cpu[mode].append(tokens / (time.process_time() - c0))
+                print(f"run {run + 1} {mode:6s} W1 {figures[mode][-1]:.1f} tok/s, {cpu[mode][-1]:.1f} tok/cpu-s", flush=True)
+            t0, c0 = time.perf_counter(), time.process_time()
             for n in names:
                 async with Kernel(config(merged[n], kv_gb=0.05)) as one:
                     await run_rows([(one, r, None) for i, r in enumerate(rows) if names[i % NUM_ADAPTERS] == n])
             figures["swap"].append(tokens / (time.perf_counter() - t0))
-            print(f"run {run + 1} swap   W1 {figures['swap'][-1]:.1f} tok/s", flush=True)
+            cpu["swap"].append(tokens / (time.process_time() - c0))
+            print(f"run {run + 1} swap   W1 {figures['swap'][-1]:.1f} tok/s, {cpu['swap'][-1]:.1f} tok/cpu-s", flush=True)
         loads = []
         for i in range(5):   # runtime load of a rank-R adapter on the W1 model (read, checked, cast)
             t0 = time.perf_counter()
@@ -135,6 +139,10 @@ async def main() -> None:
           f"time {med['merged']:.1f} (models preloaded), {med['swap']:.1f} (each model loaded in turn)")
     print(f"multi-LoRA / base: {med['multi'] / med['base']:.2f}x; multi-LoRA / merged one at a time: "
           f"{med['multi'] / med['merged']:.2f}x preloaded, {med['multi'] / med['swap']:.2f}x loaded in turn")
+    mc = {m: statistics.median(v) for m, v in cpu.items()}
+    print(f"by CPU time (tok/cpu-s medians: base {mc['base']:.1f}, multi {mc['multi']:.1f}, merged {mc['merged']:.1f}, "
+          f"swap {mc['swap']:.1f}): multi-LoRA / base {mc['multi'] / mc['base']:.2f}x; multi-LoRA / merged one at a "
+          f"time {mc['multi'] / mc['merged']:.2f}x preloaded, {mc['multi'] / mc['swap']:.2f}x loaded in turn")
     print(f"runtime load of a rank-{args.rank} adapter: median {statistics.median(loads) * 1e3:.1f} ms "
           f"(min {min(loads) * 1e3:.1f}, max {max(loads) * 1e3:.1f}, {len(loads)} loads)")
 
