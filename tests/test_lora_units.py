@@ -90,3 +90,18 @@ def test_keys_file_adapter_fields(tmp_path):
                                                           "k2": {"name": "b", "private_loras": ["x"]}}))
     with pytest.raises(ConfigError, match="unknown permission"):
         KeyStore.load(write_keys(tmp_path / "perm.toml", {"k1": {"name": "a", "permissions": ["root"]}}))
+
+
+def test_a_steps_row_indices_are_moved_to_the_activations_device():
+    """index_select / index_add_ take their index on the tensor's device: on an accelerator the rows per adapter
+    (built on the CPU from the plan) go there once a step ("meta" stands in for it here; on the CPU nothing moves)."""
+    from modelcall.plugins.runner.lora_delta import LoraContext
+
+    ctx = LoraContext()
+    groups = [(object(), torch.tensor([0, 2])), (object(), torch.tensor([1, 3]))]
+    ctx.set(groups, ["a#1", "b#2"], torch.device("meta"))
+    assert ctx.batched is not None and ctx.batched.perm.device.type == "meta"
+    assert all(rows.device.type == "meta" for _, rows in ctx.groups)
+    assert ctx.row_slots(4, torch.device("meta")).device.type == "meta"
+    ctx.set(groups, ["a#1", "b#2"], torch.device("cpu"))
+    assert ctx.batched.perm.device.type == "cpu" and ctx.groups[0][1] is groups[0][1]

@@ -72,12 +72,20 @@ class LoraContext:
         # adapter keys -> {(layer, projs): (A [n, in, R], B [n, R, out]) or None}; the last few sets kept
         self.stacks: dict[tuple[str, ...], dict] = {}
 
-    def set(self, groups: list[tuple[LoraWeights, Rows]], keys: list[str]) -> None:
+    def set(self, groups: list[tuple[LoraWeights, Rows]], keys: list[str], device: torch.device | None = None) -> None:
+        """The step's groups; `device` the activations' (row indices are built on the CPU: moved there once, since
+        index_select and index_add_ take their index on the tensor's device)."""
         if len(groups) > 1:   # NOTE: in key order, so one set of adapters is one stack whatever the plan's order
             order = sorted(range(len(keys)), key=keys.__getitem__)
             groups, keys = [groups[i] for i in order], [keys[i] for i in order]
+        batched = batch_rows(groups, keys) if len(groups) > 1 else None
+        if device is not None and device.type != "cpu":
+            groups = [(w, r if isinstance(r, slice) else r.to(device)) for w, r in groups]
+            if batched is not None:
+                batched.perm = batched.perm.to(device)
+                batched.pads = batched.pads.to(device) if batched.pads is not None else None
         self.groups = groups
-        self.batched = batch_rows(groups, keys) if len(groups) > 1 else None
+        self.batched = batched
         self._slots = None
 
     def clear(self) -> None:
@@ -89,10 +97,10 @@ class LoraContext:
         """Each of the step's `num_rows` flat rows: the index of its adapter in `groups`, -1 for the base model
         (for the MoE experts, whose rows per expert come from the router, not from the plan)."""
         if self._slots is None or self._slots.shape[0] != num_rows:
-            slots = torch.full((num_rows,), -1, dtype=torch.long)
+            slots = torch.full((num_rows,), -1, dtype=torch.long, device=device)
             for k, (_, rows) in enumerate(self.groups):
                 slots[rows] = k
-            self._slots = slots.to(device)
+            self._slots = slots
         return self._slots
 
 

@@ -36,6 +36,7 @@ class RunnerLora:
         if not self.shapes and not self.expert_shapes:
             raise ConfigError(f"{type(model).__name__}: no q/k/v/o, gate/up/down projections or experts to put LoRA on")
         self.ctx = LoraContext()
+        self.device = device
         self.registry = LoraRegistry(self.shapes, dtype, device, config.max_lora_rank, config.max_cpu_loras,
                                      self.expert_shapes)
         if lean is not None:
@@ -75,7 +76,7 @@ class RunnerLora:
         """Set the step's rows per adapter (before its forward)."""
         keys: list[str] = []
         groups = step_groups(plan.chunks, step.last_rows, self.registry.weights, keys) if _any_lora(plan) else []
-        self.ctx.set(groups, keys)
+        self.ctx.set(groups, keys, self.device)
         step.lora = groups or None
 
     def end(self) -> None:
