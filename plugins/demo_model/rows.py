@@ -2,6 +2,7 @@
 `modelcall agent`), cut into pieces learnt or not, and grouped by their shared system block."""
 from __future__ import annotations
 
+import random
 from typing import Any
 
 
@@ -78,3 +79,18 @@ def tokenize_rows(tok: Any, rows: list[tuple[str, list[tuple[str, bool]]]]) -> d
             mask += [learn] * len(t)
         groups.setdefault(system, []).append((ids, mask))
     return groups
+
+
+def batches(groups: dict[str, list], size: int, rng: random.Random) -> list[tuple[str, list]]:
+    """One epoch of (system block, rows) batches: shuffled, then sorted by length within windows of 8 batches
+    (little padding, kinds mixed)."""
+    out = []
+    for system in sorted(groups):
+        items = list(groups[system])
+        rng.shuffle(items)
+        window = size * 8
+        for w in range(0, len(items), window):
+            chunk = sorted(items[w:w + window], key=lambda r: len(r[0]))
+            out += [(system, chunk[i:i + size]) for i in range(0, len(chunk), size)]
+    rng.shuffle(out)
+    return out

@@ -47,7 +47,7 @@ from typing import Any
 
 from modelcall.plugins.demo_model import corpus
 from modelcall.plugins.demo_model.measure import measure, measure_eval
-from modelcall.plugins.demo_model.rows import check_fast_render, examples, fast_render, tokenize_rows
+from modelcall.plugins.demo_model.rows import batches, check_fast_render, examples, fast_render, tokenize_rows
 from modelcall.plugins.demo_model.vocab import MAX_POSITIONS, build_tokenizer
 
 TRAINER_VERSION = "4"
@@ -243,20 +243,6 @@ def _plain_tok():
     return _PLAIN[0]
 
 
-def _batches(groups: dict[str, list], size: int, rng: random.Random) -> list[tuple[str, list]]:
-    # Shuffled, then sorted by length within windows of 8 batches: kinds mixed, little padding.
-    out = []
-    for system in sorted(groups):
-        rows = list(groups[system])
-        rng.shuffle(rows)
-        window = size * 8
-        for w in range(0, len(rows), window):
-            chunk = sorted(rows[w:w + window], key=lambda r: len(r[0]))
-            out += [(system, chunk[i:i + size]) for i in range(0, len(chunk), size)]
-    rng.shuffle(out)
-    return out
-
-
 def _run_phase(model: Any, groups: dict[str, list], system_ids: dict[str, list[int]], steps: int, size: int,
                lr: float, rng: random.Random, pad: int, log: Any, t0: float, kind: str, probe: Any) -> None:
     import torch
@@ -272,7 +258,7 @@ def _run_phase(model: Any, groups: dict[str, list], system_ids: dict[str, list[i
     model.train()
     for step in range(steps):
         if not order:
-            order = _batches(groups, size, rng)
+            order = batches(groups, size, rng)
         system, batch = order.pop()
         loss = _loss(model, system_ids[system], batch, pad)
         opt.zero_grad(set_to_none=True)
