@@ -120,14 +120,16 @@ async def main() -> None:
                     await run_rows(wave)
                 figures[mode].append(tokens / (time.perf_counter() - t0))
                 cpu[mode].append(tokens / (time.process_time() - c0))
-                print(f"run {run + 1} {mode:6s} W1 {figures[mode][-1]:.1f} tok/s, {cpu[mode][-1]:.1f} tok/cpu-s", flush=True)
+                print(f"run {run + 1} {mode:6s} W1 {figures[mode][-1]:.1f} tok/s, {cpu[mode][-1]:.1f} tok/cpu-s",
+                      flush=True)
             t0, c0 = time.perf_counter(), time.process_time()
             for n in names:
                 async with Kernel(config(merged[n], kv_gb=0.05)) as one:
                     await run_rows([(one, r, None) for i, r in enumerate(rows) if names[i % NUM_ADAPTERS] == n])
             figures["swap"].append(tokens / (time.perf_counter() - t0))
             cpu["swap"].append(tokens / (time.process_time() - c0))
-            print(f"run {run + 1} swap   W1 {figures['swap'][-1]:.1f} tok/s, {cpu['swap'][-1]:.1f} tok/cpu-s", flush=True)
+            print(f"run {run + 1} swap   W1 {figures['swap'][-1]:.1f} tok/s, {cpu['swap'][-1]:.1f} tok/cpu-s",
+                  flush=True)
         loads = []
         for i in range(5):   # runtime load of a rank-R adapter on the W1 model (read, checked, cast)
             t0 = time.perf_counter()
