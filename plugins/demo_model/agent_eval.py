@@ -3,6 +3,8 @@ question, greedy, the two demo tools offered (docs/demo-model.md reports what th
 
     modelcall serve --model trained --port 8000 &
     python -m modelcall.plugins.demo_model.agent_eval --base-url http://127.0.0.1:8000
+
+The agent demo (SmolLM2 with its LoRA adapter served as `demo`, docs/demo-model.md): add `--model demo`.
 """
 from __future__ import annotations
 

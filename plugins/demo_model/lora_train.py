@@ -2,7 +2,10 @@
 default, taught the two demo tools by a PEFT LoRA on the corpus's varied chats, so `modelcall serve` of the GGUF file
 plus the adapter answers the hand-written split through `modelcall agent`.
 
-    python -m modelcall.plugins.demo_model.lora_train --base SmolLM2-135M-Instruct.Q4_1.gguf --out DIR
+    python -m modelcall.plugins.demo_model.lora_train --base SmolLM2-135M-Instruct.Q4_1.gguf --out STAGE1
+    python -m modelcall.plugins.demo_model.lora_train --base ... --out DIR --init STAGE1 --skip 200 --steps 100 --lr 4e-4
+
+(the committed adapter, `agent_lora/`, is the second stage: 100 more steps over the rows the first did not reach).
 
 Why a pretrained model and not the tiny one trained from scratch (`train.py`): the tiny model never saw a phrasing,
 a number word or a city outside its generator, and a name it must copy is 4-7 pieces it loses its place in; a
@@ -201,6 +204,7 @@ def _tidy(out_dir: str) -> None:
     with open(path, encoding="utf-8") as f:
         config = json.load(f)
     config["base_model_name_or_path"] = BASE_ID
+    config["target_modules"] = sorted(config["target_modules"])   # PEFT writes a set, in no fixed order
     with open(path, "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2, sort_keys=True)
     card = os.path.join(out_dir, "README.md")
