@@ -132,3 +132,33 @@ def test_a_repacked_model_weight_keeps_its_size_and_serves_its_rows(tmp_path):
     x = activations(2, 64)
     assert torch.allclose(head(x), quant.qmatmul(x, w), rtol=0, atol=1e-4 * float(quant.qmatmul(x, w).abs().max()))
     np.testing.assert_array_equal(head.qweight.dequantize().numpy(), w.dequantize().numpy())
+
+
+@pytest.mark.parametrize("name", ("F16", "BF16"))
+def test_16_bit_float_weights_in_r16_give_the_plain_kernels_products_and_bits(name):
+    """F16 / BF16 weights (an F16 GGUF) in their r16 layout (csrc/quant_r16f.c): the same bits back, whole tiles
+    (a prefill's dequantized GEMM) and single rows (embedding lookups) alike, and the same products as the plain
+    row kernel to fp32 rounding, at one activation row (decode) and at several (short chunks), x fp32 or bf16."""
+    g = torch.Generator().manual_seed(3)
+    for n, k in ((16, 32), (960, 576), (48, 77), (64, 2048)):
+        dense = torch.randn(n, k, generator=g) * 0.05
+        half = dense.half() if name == "F16" else dense.bfloat16()
+        w = quant.qweight_from_bytes(half.view(torch.int16).view(torch.uint8).reshape(n, -1).clone(),
+                                     quant.GGML_TYPES[name], n, k)
+        r = quant.repack_r16(w)
+        assert r is not None and quant.type_name(r.qtype) == f"{name}/r16" and r.nbytes == w.nbytes
+        assert not torch.equal(r.data, w.data)
+        for dtype in (torch.float32, torch.bfloat16):
+            assert torch.equal(r.dequantize(dtype), w.dequantize(dtype))
+        ids = torch.tensor([[0, n - 1], [n // 2, 17 % n]])
+        assert torch.equal(r.rows(ids), w.rows(ids))
+        exact = half.double()
+        for rows in (1, 3, 16):
+            x = activations(rows, k)
+            want = x.double() @ exact.T
+            got = quant.qmatmul(x, r)
+            assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max(), (n, k, rows)
+            xb = x.bfloat16()
+            assert torch.allclose(quant.qmatmul(xb, r).float(), quant.qmatmul(xb, w).float(), rtol=0,
+                                  atol=1e-2 * float(want.abs().max()))
+        assert quant.dense_from_tokens(torch.float32, r.qtype) == quant.DENSE_FROM_TOKENS   # prefill: a GEMM

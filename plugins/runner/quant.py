@@ -30,11 +30,11 @@ QUANTIZABLE = (GGML_TYPES["Q8_0"], GGML_TYPES["Q4_0"], GGML_TYPES["Q4_K"])
 
 _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
 _FILES = ("quant_common.h", "quant_legacy.c", "quant_k.c", "quant_matmul.c", "quant_int8.c", "quant_r16.c",
-          "quant_r16k.c")
+          "quant_r16k.c", "quant_r16f.c")
 # r16 layouts (csrc/quant_r16.c, quant_r16k.c): a weight with 16 rows interleaved, for decode with integer dot
 # products; its type number is the plain format's + R16_OFF
 R16_OFF = 100
-R16_FORMATS = tuple(GGML_TYPES[t] for t in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K"))
+R16_FORMATS = tuple(GGML_TYPES[t] for t in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K", "F16", "BF16"))
 # (weights, bytes) a row's block holds in the r16 layout: the plain format's, but Q4_K's 6-bit scales unpacked to bytes
 _BLOCKS.update({t + R16_OFF: _BLOCKS[t] for t in R16_FORMATS})
 _BLOCKS[GGML_TYPES["Q4_K"] + R16_OFF] = (256, 148)
@@ -310,20 +310,20 @@ def quantize(w: torch.Tensor, qtype: int) -> QWeight:
 # row of x, so from 16-32 rows torch's GEMM over a converted copy wins with fp32 activations too. NOTE: one
 # thread, Zen 4, /tmp script of issue 38 (min of 15 calls, loaded machine), F16 kernel / dequantize + fp32
 # linear: 576x1536 16 rows 532 / 435 us, 32: 1057 / 717, 128: 12683 / 2618; 576x576 16: 148 / 168, 32: 291 / 268.
-# r16 weights (quant_repack.py) with fp32 activations keep the kernel at every size: its integer dot products on
+# r16 weights of quantized blocks (quant_repack.py) with fp32 activations keep the kernel at every size: its integer dot products on
 # 16 rows at once beat an fp32 GEMM over a dequantized copy at prefill sizes too. NOTE: one thread, Zen 4, /tmp
 # script of issue 38 (min of 7 calls, loaded machine), kernel / dequantize + fp32 linear: Q8_0 1536x576 128 rows
 # 1438 / 4092 us, 512: 10609 / 28055, 1024: 16433 / 32244; Q4_0 576x1536 512: 6340 / 19261; Q4_K 640x2048 512:
 # 17901 / 30518.
 DENSE_FROM_TOKENS = 16          # bf16 activations, and float weights with any activations
 DENSE_FROM_TOKENS_FP32 = 128    # fp32 activations over quantized blocks in their plain layouts
-NEVER_DENSE = 1 << 40           # fp32 activations over r16 blocks
+NEVER_DENSE = 1 << 40           # fp32 activations over r16 blocks (not r16 floats: DENSE_FROM_TOKENS)
 
 
 def dense_from_tokens(dtype: torch.dtype, qtype: int | None = None) -> int:
     """Tokens above which a matmul with activations of `dtype` over weights of `qtype` (None: a block type in its
     plain layout) is faster dequantized + torch's (see the NOTEs)."""
-    if dtype != torch.float32 or qtype in _FLOAT_TYPES:
+    if dtype != torch.float32 or qtype in _FLOAT_TYPES or (qtype is not None and qtype - R16_OFF in _FLOAT_TYPES):
         return DENSE_FROM_TOKENS
     return NEVER_DENSE if qtype is not None and qtype >= R16_OFF else DENSE_FROM_TOKENS_FP32
 

@@ -1,4 +1,5 @@
-"""Quantized weights in their r16 layouts for decode (csrc/quant_r16.c, quant_r16k.c), and int8 activations on request.
+"""Quantized and 16-bit float weights in their r16 layouts for decode (csrc/quant_r16.c, quant_r16k.c, quant_r16f.c),
+and int8 activations on request.
 
 A decode step at batch 1 reads every weight once and multiplies it by one activation row. The plain layouts' kernels
 widen each weight to fp32 (exact, but compute-bound at 5-8 GB/s on one Zen 4 core). The r16 layouts (16 rows
@@ -6,8 +7,12 @@ interleaved: the same information in another order, Q4_K 3% larger) let integer 
 the activation row is quantized per 32 values to int16 (an error of |x| / 65534: results within ~3e-5 of the fp32
 path's, so greedy output keeps to transformers' reference) or, with `int8_activations`, to int8 as llama.cpp does
 (faster still, and llama.cpp's numerics: top-1 agreement with the fp32 reference fell to 97% on SmolLM2). With fp32
-activations prefill chunks of any size stay on these kernels too (quant.dense_from_tokens: they beat the dequantized
+activations prefill chunks of any size stay on the integer kernels too (quant.dense_from_tokens: they beat the dequantized
 fp32 GEMM at every size measured); with bf16 ones, chunks of more than 16 rows take the dequantized bf16 GEMM.
+
+F16 and BF16 weights (an F16 GGUF) take the float r16 layout: no integer products, but 16 rows' weights in one vector
+times a broadcast activation, one sequential stream and no horizontal sum per row (csrc/quant_r16f.c); prefill
+chunks of more than 16 rows dequantize them for the GEMM, as before.
 
 Runner plugin config: `repack` "auto" (default: where the CPU has the kernels: AVX-512 with VNNI) or false (the plain
 layouts); `int8_activations` false (default) or true.

@@ -112,6 +112,13 @@ static int r16_qmatmul(int base, const uint8_t *w, int64_t row_bytes, int64_t N,
                        int x16);
 static void r16_dequantize_row(int base, const uint8_t *w, int64_t row_bytes, int64_t r, int64_t K, void *out,
                                int bf16);
+/* r16 weights of 16-bit floats (quant_r16f.c): their own kernel, repacking and rows */
+static inline int r16f_format(int base) { return base == GT_F16 || base == GT_BF16; }
+static int r16f_matmul(int base, const uint8_t *w, int64_t N, int64_t K, const void *x, int x_bf16, int64_t xs,
+                       int64_t B, void *y, int y_bf16, int64_t ys, const float *bias, int nt);
+static void r16f_repack(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst, int nt);
+static void r16f_dequantize_row(int base, const uint8_t *w, int64_t r, int64_t K, void *out, int bf16);
+static void r16f_dequantize_tile(int base, const uint8_t *w, int64_t t, int64_t K, void *out, int bf16, int64_t os);
 
 /* One decoded group (see the top of this file). */
 typedef struct { float dlo, dhi, m; } qscale;

@@ -145,6 +145,8 @@ int quant_int8_available(void) {
 int quant_qmatmul_int8(int qt, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K, const void *x,
                        int x_bf16, int64_t xs, int64_t B, void *y, int y_bf16, int64_t ys, const float *bias,
                        int nt) {
+    if (qt >= R16_OFF && r16f_format(qt - R16_OFF))   /* float weights: no integer activations to take */
+        return r16f_matmul(qt - R16_OFF, w, N, K, x, x_bf16, xs, B, y, y_bf16, ys, bias, nt);
     if (qt >= R16_OFF) return r16_qmatmul(qt - R16_OFF, w, row_bytes, N, K, x, x_bf16, xs, B, y, y_bf16, ys, bias, nt, 0);
 #if defined(QINT8)
     const int err = check_shape(qt, K);

@@ -240,6 +240,8 @@ static int check_shape(int qt, int64_t K) {
  * Returns 0, -1 (unknown type), -2 (K not a whole number of blocks), -3 (out of memory). */
 int quant_qmatmul(int qt, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K, const void *x, int x_bf16,
                   int64_t xs, int64_t B, void *y, int y_bf16, int64_t ys, const float *bias, int nt) {
+    if (qt >= R16_OFF && r16f_format(qt - R16_OFF))
+        return r16f_matmul(qt - R16_OFF, w, N, K, x, x_bf16, xs, B, y, y_bf16, ys, bias, nt);
     if (qt >= R16_OFF) return r16_qmatmul(qt - R16_OFF, w, row_bytes, N, K, x, x_bf16, xs, B, y, y_bf16, ys, bias, nt, 1);
     const int err = check_shape(qt, K);
     if (err) return err;
@@ -330,6 +332,15 @@ int quant_dequantize_rows(int qt, const uint8_t *w, int64_t row_bytes, int64_t n
     for (int64_t i = 0; i < nrows; i++) {
         const int64_t r = ids ? ids[i] : r0 + i;
         if (r < 0 || r >= n_total) return -4;
+    }
+    if (qt >= R16_OFF && r16f_format(qt - R16_OFF) && !ids && r0 % 16 == 0 && nrows % 16 == 0) {
+        if (n_total % 16) return -2;   /* whole tiles of 16-bit floats: transposed a block at a time */
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && nrows >= 32 * nt && nrows * K >= PAR_MIN)
+        for (int64_t t = 0; t < nrows / 16; t++)
+            r16f_dequantize_tile(qt - R16_OFF, w, r0 / 16 + t, K,
+                                 out_bf16 ? (void *)((uint16_t *)out + 16 * t * os) : (void *)((float *)out + 16 * t * os),
+                                 out_bf16, os);
+        return 0;
     }
     if (qt >= R16_OFF) {
         if (n_total % 16) return -2;

@@ -35,7 +35,7 @@ INLINE int r16_k_format(int base) { return base == GT_Q4_K || base == GT_Q6_K; }
 /* 1 where base is a format r16 takes (the K formats' layouts: quant_r16k.c) */
 int quant_r16_format(int base) {
     return base == GT_Q8_0 || base == GT_Q4_0 || base == GT_Q4_1 || base == GT_Q5_0 || base == GT_Q5_1 ||
-           r16_k_format(base);
+           r16_k_format(base) || r16f_format(base);
 }
 
 /* weights and bytes a row's block holds in base's r16 layout (the K formats' differ from their plain blocks) */
@@ -83,6 +83,7 @@ int quant_r16_repack(int base, const uint8_t *src, int64_t N, int64_t K, uint8_t
     if (!r16_block(base, &bs, &bpb)) return -1;
     if (K % bs || N % 16) return -2;
     if (r16_k_format(base)) { r16k_repack(base, src, N, K, dst, nt); return 0; }
+    if (r16f_format(base)) { r16f_repack(src, N, K, dst, nt); return 0; }
     const int64_t G = K / 32, row_bytes = G * bpb, tg = 16 * (int64_t)bpb;
     const int hdr = r16_hdr(base);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && N * K >= PAR_MIN)
@@ -118,6 +119,7 @@ int quant_r16_repack(int base, const uint8_t *src, int64_t N, int64_t K, uint8_t
 static void r16_dequantize_row(int base, const uint8_t *w, int64_t row_bytes, int64_t r, int64_t K, void *out,
                                int bf16) {
     if (r16_k_format(base)) { r16k_dequantize_row(base, w, row_bytes, r, K, out, bf16); return; }
+    if (r16f_format(base)) { r16f_dequantize_row(base, w, r, K, out, bf16); return; }
     int bs, bpb;
     quant_block_info(base, &bs, &bpb);
     const int64_t G = K / 32, tg = 16 * (int64_t)bpb, l = r % 16;
