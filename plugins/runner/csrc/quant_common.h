@@ -104,6 +104,19 @@ static inline const float *x_group(const void *x, int x_bf16, int64_t xs, int64_
     return v;
 }
 
+/* x's B rows (stride *xs) as fp32: x itself, or (x_bf16) a copy widened once, not once per weight row or tile, at
+ * *tmp (the caller frees it; *xs becomes K). NULL when that copy cannot be allocated. */
+static inline const float *x_fp32(const void *x, int x_bf16, int64_t *xs, int64_t B, int64_t K, float **tmp) {
+    *tmp = 0;
+    if (!x_bf16) return (const float *)x;
+    *tmp = (float *)malloc((size_t)(B * K + 1) * sizeof(float));
+    if (!*tmp) return 0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t k = 0; k < K; k++) (*tmp)[b * K + k] = bf2f(((const uint16_t *)x)[b * *xs + k]);
+    *xs = K;
+    return *tmp;
+}
+
 /* r16 weights (quant_r16.c): type = the plain format's + R16_OFF; the exported entries hand them over to these
  * (quant_qmatmul with int16 x, quant_qmatmul_int8 with int8 x) */
 #define R16_OFF 100

@@ -246,16 +246,9 @@ int quant_qmatmul(int qt, const uint8_t *w, int64_t row_bytes, int64_t N, int64_
     const int err = check_shape(qt, K);
     if (err) return err;
     const row_fn *tab = row_kernels(qt);
-    const float *xf = (const float *)x;
-    float *tmp = 0;
-    if (x_bf16) {   /* widened once here, not once per weight row */
-        tmp = (float *)malloc((size_t)(B * K + 1) * sizeof(float));
-        if (!tmp) return -3;
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t k = 0; k < K; k++) tmp[b * K + k] = bf2f(((const uint16_t *)x)[b * xs + k]);
-        xf = tmp;
-        xs = K;
-    }
+    float *tmp;
+    const float *xf = x_fp32(x, x_bf16, &xs, B, K, &tmp);
+    if (!xf) return -3;
     /* NOTE: rows in tiles of ROW_TILE, each tile's rows once per 8 activation rows: the tile's weights and the
      * 8 x rows stay in L1/L2 while the tile runs. Row by row (every x row re-read for each weight row), 32 rows of
      * 576 features took 4.5x the time of 16 (the x rows out of L1): 1030 vs 226 us, 1536 x 576 Q4_1, Zen 4. */

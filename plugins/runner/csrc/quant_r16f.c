@@ -123,16 +123,9 @@ INLINE void r16f_tile(const int base, const uint16_t *p, int64_t K, const float 
 static int r16f_matmul(int base, const uint8_t *w, int64_t N, int64_t K, const void *x, int x_bf16, int64_t xs,
                        int64_t B, void *y, int y_bf16, int64_t ys, const float *bias, int nt) {
     if (N % 16) return -2;
-    const float *xf = (const float *)x;
-    float *tmp = 0;
-    if (x_bf16) {   /* widened once here, not once per tile */
-        tmp = (float *)malloc((size_t)(B * K + 1) * sizeof(float));
-        if (!tmp) return -3;
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t k = 0; k < K; k++) tmp[b * K + k] = bf2f(((const uint16_t *)x)[b * xs + k]);
-        xf = tmp;
-        xs = K;
-    }
+    float *tmp;
+    const float *xf = x_fp32(x, x_bf16, &xs, B, K, &tmp);
+    if (!xf) return -3;
     const int64_t tiles = N / 16;
     const int par = nt > 1 && tiles >= 2 && N * K * (B < 8 ? B : 8) >= PAR_MIN;
 #pragma omp parallel for num_threads(nt) schedule(static) if (par)
