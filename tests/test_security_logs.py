@@ -88,3 +88,17 @@ def test_text_is_logged_only_when_the_deployment_enables_it(tmp_path):
         assert line["tool_calls"][0]["name"] == "search" and line["completion_tokens"] == 4
         text = path.read_text()
         assert ("ARGS-SECRET" in text) is include and ("OUTPUT-TEXT" in text) is include
+
+
+def test_a_request_on_a_lora_adapter_is_logged_with_the_adapter(tmp_path):
+    """The line names the adapter a request ran on beside the base model (issue 39's records); the base alone: none."""
+    path = tmp_path / "log.jsonl"
+    log = RequestLog(str(path), include_text=False)
+    for rid, lora in (("a", "sql-adapter"), ("b", None)):
+        log.handle(RequestAdmitted(request_id=rid, model="smollm2", prompt_tokens=3, max_tokens=4, lora=lora))
+        log.handle(Finished(request_id=rid, reason="stop", usage=Usage(prompt_tokens=3, completion_tokens=1),
+                            timings=Timings(received=0.0, finished=1.0)))
+    log.close()
+    a, b = [json.loads(x) for x in path.read_text().splitlines()]
+    assert (a["model"], a["lora"]) == ("smollm2", "sql-adapter")
+    assert b["model"] == "smollm2" and "lora" not in b

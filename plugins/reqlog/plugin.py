@@ -2,7 +2,7 @@
 
     plugin_config = {"request_log": {"enabled": true, "path": null, "include_text": false}}
 
-By default a line holds ids, caller name, model, finish reason, usage and timings — never the
+By default a line holds ids, caller name, model (and LoRA adapter), finish reason, usage and timings — never the
 prompt, the output, tool arguments or anything from request headers. `include_text` adds the
 output text and tool-call arguments (a per-deployment choice).
 """
@@ -38,8 +38,8 @@ class RequestLog:
     def handle(self, ev: Any) -> None:
         kind = type(ev)
         if kind is RequestAdmitted:
-            self.open[ev.request_id] = {"caller": ev.caller, "model": ev.model, "prompt_parts": ev.prompt_parts,
-                                        "dropped_messages": ev.dropped_messages or None}
+            self.open[ev.request_id] = {"caller": ev.caller, "model": ev.model, "lora": ev.lora,
+                                        "prompt_parts": ev.prompt_parts, "dropped_messages": ev.dropped_messages or None}
             return
         if kind is ToolRequested:
             rec = self.open.get(ev.request_id)
