@@ -1,5 +1,5 @@
 """One decode token's matvecs over SmolLM2-135M-shaped weights on 4 KiB pages against the same weights moved onto
-2 MiB pages (core/huge_pages.rehome), alternated in one process; best of 10 each, in thread CPU time (the machine
+2 MiB pages (plugins/runner/huge_pages.rehome), alternated in one process; best of 10 each, in thread CPU time (the machine
 is shared: time slices lost to other processes are not counted; memory stalls are).
 
     python benchmarks/huge_pages.py [FORMAT ...]      # F16, BF16, Q8_0, Q4_0 (default: F16 Q8_0)
@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from modelcall.core import huge_pages
+from modelcall.plugins.runner import huge_pages
 from modelcall.plugins.runner import quant
 
 # SmolLM2-135M: 30 layers of q|k|v (960 x 576), o (576 x 576), gate|up (3072 x 576), down (576 x 1536); the tied

@@ -187,5 +187,5 @@ def test_gemma_q4_k_m_resident_memory_within_a_tenth_of_the_file():
           f"KV {m['kv'] / 1e6:.1f} MB")
     assert m["weights"] <= 1.1 * size
     assert m["delta"] <= 1.1 * size + m["kv"], (m, size)
-    if "[never]" not in m["thp"]:   # the weights a decode step streams are on 2 MiB pages (core/huge_pages.py)
+    if "[never]" not in m["thp"]:   # the weights a decode step streams are on 2 MiB pages (plugins/runner/huge_pages.py)
         assert m["huge"] >= 0.95 * m["weights"], m

@@ -1,11 +1,11 @@
-"""core/huge_pages.py: weights moved onto 2 MiB pages in place (every given tensor, views and their bases included,
-points at its copy; the old storage is freed), and the KV pool advised before it is written."""
+"""plugins/runner/huge_pages.py: weights moved onto 2 MiB pages in place (every given tensor, views and their bases
+included, points at its copy; the old storage is freed), and the KV pool advised before it is written."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from modelcall.core import huge_pages
+from modelcall.plugins.runner import huge_pages, quant
 
 THP = open("/sys/kernel/mm/transparent_hugepage/enabled").read() if huge_pages._madvise() else ""
 needs_thp = pytest.mark.skipif("[never]" in THP or not THP, reason="no transparent huge pages on this machine")
@@ -49,7 +49,6 @@ def test_rehome_leaves_small_sets_and_other_devices_alone():
 
 @needs_thp
 def test_module_tensors_find_quantized_weights_and_parameters():
-    from modelcall.plugins.runner import quant
     torch.manual_seed(1)
     qw = quant.quantize(torch.randn(2048, 1024), quant.GGML_TYPES["Q8_0"])
     lin = quant.QuantLinear(qw, None)

@@ -28,8 +28,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from modelcall.core import huge_pages
-from modelcall.plugins.runner import attention, cpu_kernel, decode_stack, fused_ops, heap, packing, plain_decode, quant
+from modelcall.plugins.runner import (attention, cpu_kernel, decode_stack, fused_ops, heap, huge_pages, packing,
+                                      plain_decode, quant)
 from modelcall.plugins.runner.batch import StepBatch
 
 log = logging.getLogger("modelcall.runner")
@@ -269,7 +269,7 @@ def build(model: torch.nn.Module, base: torch.nn.Module, hf_config: Any, windows
 
 
 def rehome_weights(modules: list[torch.nn.Module], layers: list[Layer], on: Any) -> huge_pages.Rehomed | None:
-    """The weights of `modules` and of the stack's fused linears moved onto 2 MiB pages (core/huge_pages.py), before
+    """The weights of `modules` and of the stack's fused linears moved onto 2 MiB pages (huge_pages.py), before
     the decode stack takes their addresses; None when `on` is off or nothing moved."""
     if on in (False, "off", "false"):
         return None

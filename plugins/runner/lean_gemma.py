@@ -22,8 +22,7 @@ from typing import Any
 
 import torch
 
-from modelcall.core import huge_pages
-from modelcall.plugins.runner import attention, cpu_kernel, decode_stack, fused_ops, lean, plain_decode
+from modelcall.plugins.runner import attention, cpu_kernel, decode_stack, fused_ops, huge_pages, lean, plain_decode
 from modelcall.plugins.runner.batch import StepBatch
 
 log = logging.getLogger("modelcall.runner")

@@ -12,11 +12,10 @@ import torch
 
 from modelcall.core import ConfigError, KernelConfig, SchedulePlan, StepOutput
 from modelcall.core.plan import kv_groups
-from modelcall.core import huge_pages
 from modelcall.core.stages import Sampler
 from modelcall.plugins.runner import (
-    attention, cpu_kernel, cuda_graphs, gguf_file, gguf_weights, heap, lean, lora_runner, omp_team, quant_load,
-    quant_repack,
+    attention, cpu_kernel, cuda_graphs, gguf_file, gguf_weights, heap, huge_pages, lean, lora_runner, omp_team,
+    quant_load, quant_repack,
 )
 from modelcall.plugins.runner.batch import DecodeState, StepBatch, build_step
 from modelcall.plugins.runner.loader import (
@@ -113,8 +112,8 @@ class TorchModelRunner:
         if config.lora_enabled:
             self.lora = lora_runner.RunnerLora(model, self.base, self.lean, config, p.dtype, p.device)
         self.loras = self.lora.registry if self.lora is not None else None
-        # the weights a decode step streams, on 2 MiB pages (core/huge_pages.py; the lean stack moves its own before
-        # its decode stack takes their addresses); runner huge_pages false: left where they were allocated
+        # the weights a decode step streams, on 2 MiB pages (huge_pages.py; the lean stack moves its own before its
+        # decode stack takes their addresses); runner huge_pages false: left where they were allocated
         self.huge_pages = self.lean.rehomed if self.lean is not None else None
         if self.lean is None and p.device.type == "cpu" and runner_cfg.get("huge_pages", True):
             self.huge_pages = huge_pages.rehome(huge_pages.module_tensors(model))
@@ -169,7 +168,7 @@ class TorchModelRunner:
         # NOTE: zeros, not empty: padded attention reads unused slots (masked out) and NaN garbage
         # would still poison masked SDPA rows through 0 * NaN.
         cache = torch.empty(shape, dtype=self.placement.kv_dtype, device=self.placement.device)
-        if cache.device.type == "cpu":   # K/V reads of a decode step on 2 MiB pages (core/huge_pages.py)
+        if cache.device.type == "cpu":   # K/V reads of a decode step on 2 MiB pages (huge_pages.py)
             huge_pages.advise(cache)
         cache.zero_()
         self.kv = [(cache[m, 0], cache[m, 1]) for m in self.layer_member]
