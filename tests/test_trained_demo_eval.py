@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from modelcall.plugins.demo_model import corpus, evalset, places
+from modelcall.plugins.demo_model import corpus, evalset, focus, places
+from modelcall.plugins.demo_model.lora_train import TRAIN as AGENT_TRAIN
 from modelcall.plugins.demo_model.numbers import chinese, english
 from modelcall.plugins.demo_model.tools import calculator, weather_of
 from modelcall.plugins.demo_model.train import SEED, TRAIN
@@ -24,24 +25,44 @@ def test_the_split_is_large_enough_and_its_answer_key_is_the_tools_own():
             assert r["tool"] in ("get_weather", None) and ("city" in r) == (r["tool"] == "get_weather"), r
 
 
-def test_no_question_expression_or_city_of_the_split_is_in_the_training_set():
-    """The committed training set (TRAIN["chats"] chats of seed SEED) never asks an evaluation question, never
-    calls the calculator with an evaluation expression, and never names an evaluation city."""
+def _assert_apart(chats: list[dict]) -> None:
+    """No chat asks an evaluation question, calls the calculator with an evaluation expression or names an
+    evaluation city."""
     rows = evalset.load()
     questions, asked, cities = set(), set(), set()
-    for chat in corpus.chats(TRAIN["chats"], seed=SEED):
+    for chat in chats:
         questions.add(" ".join(chat["messages"][0]["content"].split()).casefold())
         for m in chat["messages"]:
             for c in m.get("tool_calls") or []:
                 args = c["function"]["arguments"]
                 asked.add(args.get("expression"))
                 cities.add(str(args.get("city", "")).casefold())
-    assert len(questions) > TRAIN["chats"] // 2   # the phrasings vary
+    assert len(questions) > len(chats) // 2   # the phrasings vary
     assert not [r["question"] for r in rows if " ".join(r["question"].split()).casefold() in questions]
     assert not {r["expression"] for r in rows if r["tool"] == "calculator"} & asked
     eval_cities = {r["city"].casefold() for r in rows if r["tool"] == "get_weather"}
     assert not eval_cities & cities
     assert not eval_cities & {n.casefold() for pair in places.REAL_CITIES for n in pair}
+
+
+def test_no_question_expression_or_city_of_the_split_is_in_the_training_set():
+    """The committed training set (TRAIN["chats"] chats of seed SEED) is apart from the split."""
+    _assert_apart(list(corpus.chats(TRAIN["chats"], seed=SEED)))
+
+
+def test_the_agent_adapters_weak_spot_stage_is_apart_from_the_split_and_weighted_to_its_weak_spots():
+    """The agent demo's weak-spot stage (focus.py) draws past the first set, apart from the split, and more of its
+    chats are of the kinds the second stage missed than the corpus's."""
+    start = AGENT_TRAIN["chats"]
+    chats = list(focus.focus_chats(focus.STAGE_CHATS, start, seed=SEED))
+    assert len(chats) == focus.STAGE_CHATS
+    _assert_apart(chats)
+    first = {c["messages"][0]["content"] for c in corpus.chats(start, seed=SEED)}
+    # new tool chats, mostly (chats without a tool repeat a fixed list of small talk and facts)
+    assert sum(c["messages"][0]["content"] in first for c in chats if focus.tool_call(c)) < len(chats) // 10
+    weighted = sum(focus.weak_spot(c) for c in chats) / len(chats)
+    plain = sum(focus.weak_spot(c) for c in corpus.chats(1000, seed=SEED)) / 1000
+    assert weighted > plain + 0.1, (weighted, plain)
 
 
 def _calc(arguments: str, result: str, status: str = "ok") -> evalset.Call:

@@ -33,6 +33,7 @@ import time
 from typing import Any
 
 from modelcall.plugins.demo_model import corpus, rows
+from modelcall.plugins.demo_model.focus import POOL, focus_chats
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ADAPTER_DIR = os.path.join(HERE, "agent_lora")
@@ -75,11 +76,12 @@ def load_base(base: str) -> tuple[Any, Any]:
     return tok, model
 
 
-def training_chats(n: int, seed: int) -> list[dict[str, Any]]:
+def training_chats(n: int, seed: int, focus: int = 0) -> list[dict[str, Any]]:
     """The corpus's chats without reasoning: the adapter calls at once (shorter rows, and SmolLM2 has no think
-    parser in the served template)."""
+    parser in the served template). With `focus`, that many chats past the first `n`, weighted to the weak spots
+    (focus.py) instead."""
     out = []
-    for chat in corpus.chats(n, seed=seed):
+    for chat in (focus_chats(focus, n, seed) if focus else corpus.chats(n, seed=seed)):
         msgs = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in chat["messages"]]
         out.append({"tools": chat["tools"], "messages": msgs})
     return out
@@ -118,9 +120,10 @@ def _loss(model: Any, system: list[int], batch: list[tuple[list[int], list[bool]
 
 
 def train(base: str, out_dir: str, *, threads: int = 1, steps: int | None = None, init: str | None = None,
-          skip: int = 0, lr: float | None = None, log: Any = print) -> dict[str, Any]:
+          skip: int = 0, lr: float | None = None, focus: int = 0, log: Any = print) -> dict[str, Any]:
     """Train an adapter into `out_dir`; `init` continues from an adapter directory, past the first `skip` batches
-    of the same seeded order (the rows it was trained on), at `lr`."""
+    of the same seeded order (the rows it was trained on), at `lr`; `focus` trains on that many weak-spot chats
+    (focus.py) instead of the first TRAIN["chats"]."""
     import torch
     from peft import LoraConfig, get_peft_model
 
@@ -131,7 +134,7 @@ def train(base: str, out_dir: str, *, threads: int = 1, steps: int | None = None
     load0 = os.getloadavg()
     steps = steps or TRAIN["steps"]
     tok, model = load_base(base)
-    chats = training_chats(TRAIN["chats"], SEED)
+    chats = training_chats(TRAIN["chats"], SEED, focus)
     rows.check_fast_render(tok, chats[:50])
     groups = rows.tokenize_rows(tok, [r for c in chats for r in rows.examples(tok, c)])
     system_ids = {s: (tok(s, add_special_tokens=False).input_ids if s else []) for s in groups}
@@ -180,6 +183,7 @@ def train(base: str, out_dir: str, *, threads: int = 1, steps: int | None = None
     _tidy(out_dir)
     record = {"base": os.path.basename(base), "seed": SEED, "lora": LORA, "train": {**TRAIN, "steps": steps, "lr": lr},
               "continued": {"from": os.path.basename(os.path.normpath(init)), "skip": skip} if init else None,
+              "focus": {"chats": focus, "start": TRAIN["chats"], "pool": POOL} if focus else None,
               "threads": threads, "rows": sum(len(g) for g in groups.values()),
               "train_wall_s": round(time.monotonic() - t_train), "train_cpu_s": round(_cpu() - c_train),
               "total_wall_s": round(time.monotonic() - t0), "total_cpu_s": round(_cpu() - c0),
@@ -221,8 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--init", help="continue from this adapter directory")
     p.add_argument("--skip", type=int, default=0, help="batches of the seeded order to pass over (those --init saw)")
     p.add_argument("--lr", type=float, help=f"peak learning rate (default {TRAIN['lr']})")
+    p.add_argument("--focus", type=int, default=0, help="train on this many weak-spot chats past the first set")
     a = p.parse_args(argv)
-    train(a.base, a.out, threads=a.threads, steps=a.steps, init=a.init, skip=a.skip, lr=a.lr)
+    train(a.base, a.out, threads=a.threads, steps=a.steps, init=a.init, skip=a.skip, lr=a.lr, focus=a.focus)
     return 0
 
 
