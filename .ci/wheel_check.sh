@@ -32,6 +32,12 @@ for top, folder in (("modelcall.core", "core"), ("modelcall.events", "events"), 
             pass
         if str(root) in (mod.__file__ or ""):
             missing.append(f"{name}: imported from the repository, not the wheel ({mod.__file__})")
+# the C kernels are compiled from their .c/.h files on first use: each must be package data of the wheel
+installed = pathlib.Path(importlib.import_module("modelcall.core").__file__).parent.parent
+for folder in ("core", "plugins"):
+    for src in sorted((root / folder).rglob("csrc/*")):
+        if src.suffix in (".c", ".h") and not (installed / src.relative_to(root)).is_file():
+            missing.append(f"{src.relative_to(root)}: not in the wheel (package-data in pyproject.toml)")
 if missing:
     print("wheel check FAILED:\n  " + "\n  ".join(missing)); sys.exit(1)
 print("wheel check: every subpackage imports from the installed wheel")

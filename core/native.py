@@ -34,6 +34,9 @@ log = logging.getLogger("modelcall.runner")
 # NOTE: -Wall -Wextra: every library builds without a warning (tests/test_native.py checks each)
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC", "-Wall", "-Wextra")
 
+# headers the plugins' C kernels share (core/csrc: bf16.h): pass include_dirs=(INCLUDE,)
+INCLUDE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
+
 # MODELCALL_CPU_ISA: the instruction sets a build may use, as flags after -march=native
 ISA_FLAGS = {"native": (), "avx2": ("-mno-avx512f",)}
 

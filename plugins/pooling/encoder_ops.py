@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from modelcall.core.native import OnceLibrary
+from modelcall.core.native import INCLUDE, OnceLibrary
 
 _p, _i64, _f, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 
@@ -27,7 +27,8 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 
 _LIB = OnceLibrary("encoder_ops", declare=_declare, fallback="the encoder keeps transformers' modules",
-                   sources=(os.path.join(os.path.dirname(__file__), "csrc", "encoder_ops.c"),))
+                   sources=(os.path.join(os.path.dirname(__file__), "csrc", "encoder_ops.c"),),
+                   include_dirs=(INCLUDE,))
 
 
 def load() -> ctypes.CDLL | None:

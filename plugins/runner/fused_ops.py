@@ -22,7 +22,7 @@ import os
 
 import torch
 
-from modelcall.core.native import OnceLibrary
+from modelcall.core.native import INCLUDE, OnceLibrary
 
 
 _p, _i64, _f, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
@@ -39,7 +39,8 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 # NOTE: -lmvec: with -ffast-math gcc turns silu's expf loop into calls of glibc's vector expf
 _LIB = OnceLibrary("fused_ops", declare=_declare, fallback="the runner keeps transformers' modules",
-                   libs=("-lm", "-lmvec"), sources=(os.path.join(os.path.dirname(__file__), "csrc", "fused_ops.c"),))
+                   libs=("-lm", "-lmvec"), sources=(os.path.join(os.path.dirname(__file__), "csrc", "fused_ops.c"),),
+                   include_dirs=(INCLUDE,))
 
 
 def load() -> ctypes.CDLL | None:

@@ -15,16 +15,7 @@
 #include <math.h>
 #include <omp.h>
 
-static inline float bf2f(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
-static inline uint16_t f2bf(float f) {   /* round to nearest even, as torch converts */
-    uint32_t u; memcpy(&u, &f, 4); u += 0x7fffu + ((u >> 16) & 1u); return (uint16_t)(u >> 16);
-}
-static inline float ld(const void *p, int64_t i, const int bf) {
-    return bf ? bf2f(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-static inline void st(void *p, int64_t i, float v, const int bf) {
-    if (bf) ((uint16_t *)p)[i] = f2bf(v); else ((float *)p)[i] = v;
-}
+#include "bf16.h"   /* core/csrc: bf2f, f2bf, ld, st */
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define VECTOR_ATTENTION 1
