@@ -2,7 +2,10 @@
 answer key is right, and the judge and the training set's number words do what they say."""
 from __future__ import annotations
 
+import hashlib
 import json
+import random
+import re
 from collections import Counter
 
 from modelcall.plugins.demo_model import corpus, evalset, focus, places
@@ -65,6 +68,47 @@ def test_the_agent_adapters_weak_spot_stage_is_apart_from_the_split_and_weighted
     assert weighted > plain + 0.1, (weighted, plain)
 
 
+def _round_in_words(chat: dict) -> bool:
+    """A calculator chat whose question writes a round operand (50, 300, 2000) in words."""
+    call = focus.tool_call(chat)
+    if call is None or call[0] != "calculator":
+        return False
+    question = chat["messages"][0]["content"]
+    return any(int(n) % 10 == 0 and n not in question for n in re.findall(r"\d+", call[1]["expression"]))
+
+
+def _compound_city(chat: dict) -> bool:
+    call = focus.tool_call(chat)
+    return call is not None and call[0] == "get_weather" and any(ch in call[1]["city"] for ch in " -")
+
+
+def _place_without_call(chat: dict) -> bool:
+    question = chat["messages"][0]["content"]
+    return focus.tool_call(chat) is None and any(n in question for pair in places.REAL_CITIES for n in pair)
+
+
+def test_the_extended_rules_hold_what_the_adapter_missed_and_stay_apart_from_the_split():
+    """corpus.chats(extended=True), the agent adapter's third stage: apart from the split, and many more of its chats
+    write round operands in words, bracket an expression, name a multi-word or hyphenated city, or name a place in
+    chat that needs no call, than the stream the earlier stages learnt, which it leaves as it was."""
+    n = 4000
+    extended = list(corpus.chats(n, seed=SEED, extended=True))
+    _assert_apart(extended)
+    plain = list(corpus.chats(n, seed=SEED))
+    digest = hashlib.sha256(json.dumps(plain[:500], ensure_ascii=False, sort_keys=True).encode()).hexdigest()
+    assert digest.startswith("e34cc92e571fb9f9"), digest   # the first stages' chats, unchanged
+    for weak in (_round_in_words, _compound_city, _place_without_call):
+        assert sum(map(weak, extended)) > 2 * sum(map(weak, plain)), weak.__name__
+    brackets = [sum("(" in str((focus.tool_call(c) or ("", {}))[1].get("expression")) for c in cs)
+                for cs in (extended, plain)]
+    assert brackets[0] > 2 * brackets[1], brackets
+    questions = " ".join(c["messages"][0]["content"] for c in extended)
+    assert re.search(r"\b(twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety) (one|two|three|four|five|six|seven|"
+                     r"eight|nine)\b", questions)   # compounds of tens spaced as well as hyphenated
+    assert "-" in places.made_up_city(random.Random(3), "en", extended=True) or any(
+        " " in places.made_up_city(random.Random(s), "en", extended=True) for s in range(20))
+
+
 def _calc(arguments: str, result: str, status: str = "ok") -> evalset.Call:
     return evalset.Call("calculator", arguments, status, result)
 
@@ -94,3 +138,4 @@ def test_numbers_in_words_read_as_people_write_them():
         "seven", "twelve", "twenty-five", "forty", "one hundred", "three hundred forty-two", "two thousand forty"]
     assert [chinese(n) for n in (7, 12, 25, 100, 105, 300, 2040)] == [
         "七", "十二", "二十五", "一百", "一百零五", "三百", "二千零四十"]
+    assert [english(n, random.Random(0), spaced=1.0) for n in (23, 40, 99)] == ["twenty three", "forty", "ninety nine"]

@@ -170,6 +170,29 @@ def _operand(rng: random.Random) -> int:
         rng.randint(100, 999) if r < 0.9 else rng.randint(1000, 9999)
 
 
+def _round_operand(rng: random.Random) -> int:
+    # the numbers people pick: 30% of the extended corpus's operands are 10-90, 100-900 or 1000-9000 in round steps
+    # (the adapter of stages 1-2 wrote "eighty" as 8 and "three hundred" as 30: the corpus rarely held them)
+    if rng.random() < 0.3:
+        return rng.randint(1, 9) * rng.choice((10, 10, 100, 100, 1000))
+    return _operand(rng)
+
+
+def _extended_expression(rng: random.Random) -> tuple[str, str, str] | str:
+    """The extended corpus's (a, op, b) or (20%) longer expression: round operands, and brackets around either
+    side or both."""
+    if rng.random() < 0.2:
+        a, b, c, d = (rng.randint(1, 99) for _ in range(4))
+        o1, o2, o3 = rng.choice(OPS[:3]), rng.choice(OPS), rng.choice(OPS[:3])   # no bracket to divide by: no 0
+        return rng.choice([f"({a} {o1} {b}) {o2} {c}", f"({a} {o1} {b}) {o2} {c}", f"{a} {o1} ({b} {o2} {c})",
+                           f"({a} {o3} {b}) {o1} ({c} {o3} {d})", f"{a} {o1} {b} {o2} {c}"])
+    op = rng.choice(OPS)
+    if op == "/":
+        b = rng.choice((2, 3, 4, 5, 6, 8, 10, 12, 20, 25)) if rng.random() < 0.5 else max(2, _operand(rng) % 100)
+        return str(b * _round_operand(rng) if rng.random() < 0.5 else _round_operand(rng)), op, str(b)
+    return str(_round_operand(rng)), op, str(_round_operand(rng))
+
+
 def _training_expression(rng: random.Random) -> tuple[str, str, str] | str:
     """(a, op, b) for a question in words or symbols, or (8%) a longer expression written in symbols."""
     if rng.random() < 0.08:
@@ -188,9 +211,9 @@ def _training_expression(rng: random.Random) -> tuple[str, str, str] | str:
     return str(a), op, str(b)
 
 
-def _arithmetic(rng: random.Random, lang: str, banned: set[str]) -> dict[str, Any]:
+def _arithmetic(rng: random.Random, lang: str, banned: set[str], extended: bool = False) -> dict[str, Any]:
     while True:
-        parts = _training_expression(rng)
+        parts = _extended_expression(rng) if extended else _training_expression(rng)
         expression = parts if isinstance(parts, str) else " ".join(parts)
         if expression not in banned:
             break
@@ -198,34 +221,45 @@ def _arithmetic(rng: random.Random, lang: str, banned: set[str]) -> dict[str, An
     if isinstance(parts, str) or rng.random() < 0.15:
         question = phrasing.symbolic_question(rng, expression, lang)
     else:
-        question = phrasing.arithmetic_question(rng, *parts, lang, mixed=mixed)
+        question = phrasing.arithmetic_question(rng, *parts, lang, mixed=mixed, extended=extended)
     return arithmetic_chat(rng, expression, lang, question)
 
 
-def _weather(rng: random.Random, lang: str, banned: set[str]) -> dict[str, Any]:
+def _city(rng: random.Random, lang: str, banned: set[str], extended: bool = False) -> str:
     while True:
         if rng.random() < 0.45:
             pair = rng.choice(REAL_CITIES)
             name = pair[0] if (lang == "en") != (rng.random() < 0.1) else pair[1]
         else:
-            name = made_up_city(rng, lang if rng.random() < 0.9 else ("zh" if lang == "en" else "en"))
+            name = made_up_city(rng, lang if rng.random() < 0.9 else ("zh" if lang == "en" else "en"), extended)
         if name.casefold() not in banned:
-            break
+            return name
+
+
+def _weather(rng: random.Random, lang: str, banned: set[str], extended: bool = False) -> dict[str, Any]:
+    name = _city(rng, lang, banned, extended)
     if rng.random() < 0.08:
         return weather_chat(rng, name, lang, phrasing.mixed_weather_question(rng, name))
-    return weather_chat(rng, name, lang, phrasing.weather_question(rng, name, lang))
+    return weather_chat(rng, name, lang, phrasing.weather_question(rng, name, lang, extended))
 
 
-def _no_tool(rng: random.Random, lang: str) -> dict[str, Any]:
+def _no_tool(rng: random.Random, lang: str, banned: set[str], extended: bool = False) -> dict[str, Any]:
+    if extended and rng.random() < 0.3:   # a place named, no weather asked: no call
+        question, reply = rng.choice(smalltalk.PLACE_EN if lang == "en" else smalltalk.PLACE_ZH)
+        return plain_chat(rng, question.format(c=_city(rng, lang, banned, extended)), reply or smalltalk.FALLBACK[lang])
     if rng.random() < 0.35:
         return fact_chat(rng, rng.choice(FACTS), lang)
     question, reply = rng.choice(smalltalk.EN if lang == "en" else smalltalk.ZH)
     return plain_chat(rng, question, reply or smalltalk.FALLBACK[lang])
 
 
-def chats(n: int, seed: int = 0) -> Iterator[dict[str, Any]]:
+def chats(n: int, seed: int = 0, extended: bool = False) -> Iterator[dict[str, Any]]:
     """`n` training chats, the same for the same seed: arithmetic (42%), weather (38%), no tool (20%), in
-    English (60%) or Chinese; no held_out() expression and no expression or city of the evaluation split."""
+    English (60%) or Chinese; no held_out() expression and no expression or city of the evaluation split.
+    `extended`: the paraphrase rules added for the agent adapter's third stage -- round operands, a question's
+    numbers all in words or all in digits, compounds of tens spaced or hyphenated, bracketed expressions,
+    multi-word, hyphenated and longer made-up cities, weather asked as a noun phrase, places named in chat that
+    needs no tool (without it the stream is the one earlier stages and the tiny model were trained on)."""
     rng = random.Random(seed)
     eval_expressions, eval_cities = banned_for_training()
     banned = set(held_out()) | eval_expressions
@@ -233,8 +267,8 @@ def chats(n: int, seed: int = 0) -> Iterator[dict[str, Any]]:
         lang = "en" if rng.random() < 0.6 else "zh"
         kind = rng.random()
         if kind < 0.42:
-            yield _arithmetic(rng, lang, banned)
+            yield _arithmetic(rng, lang, banned, extended)
         elif kind < 0.8:
-            yield _weather(rng, lang, eval_cities)
+            yield _weather(rng, lang, eval_cities, extended)
         else:
-            yield _no_tool(rng, lang)
+            yield _no_tool(rng, lang, eval_cities, extended)

@@ -76,12 +76,14 @@ def load_base(base: str) -> tuple[Any, Any]:
     return tok, model
 
 
-def training_chats(n: int, seed: int, focus: int = 0) -> list[dict[str, Any]]:
+def training_chats(n: int, seed: int, focus: int = 0, extended: int = 0) -> list[dict[str, Any]]:
     """The corpus's chats without reasoning: the adapter calls at once (shorter rows, and SmolLM2 has no think
     parser in the served template). With `focus`, that many chats past the first `n`, weighted to the weak spots
-    (focus.py) instead."""
+    (focus.py) instead; with `extended`, that many chats of the corpus with its extended paraphrase rules."""
     out = []
-    for chat in (focus_chats(focus, n, seed) if focus else corpus.chats(n, seed=seed)):
+    source = (focus_chats(focus, n, seed) if focus else corpus.chats(extended, seed=seed, extended=True) if extended
+              else corpus.chats(n, seed=seed))
+    for chat in source:
         msgs = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in chat["messages"]]
         out.append({"tools": chat["tools"], "messages": msgs})
     return out
@@ -120,10 +122,12 @@ def _loss(model: Any, system: list[int], batch: list[tuple[list[int], list[bool]
 
 
 def train(base: str, out_dir: str, *, threads: int = 1, steps: int | None = None, init: str | None = None,
-          skip: int = 0, lr: float | None = None, focus: int = 0, log: Any = print) -> dict[str, Any]:
+          skip: int = 0, lr: float | None = None, focus: int = 0, extended: int = 0,
+          log: Any = print) -> dict[str, Any]:
     """Train an adapter into `out_dir`; `init` continues from an adapter directory, past the first `skip` batches
     of the same seeded order (the rows it was trained on), at `lr`; `focus` trains on that many weak-spot chats
-    (focus.py) instead of the first TRAIN["chats"]."""
+    (focus.py), `extended` on that many chats of the extended rules (corpus.chats), instead of the first
+    TRAIN["chats"]."""
     import torch
     from peft import LoraConfig, get_peft_model
 
@@ -134,7 +138,7 @@ def train(base: str, out_dir: str, *, threads: int = 1, steps: int | None = None
     load0 = os.getloadavg()
     steps = steps or TRAIN["steps"]
     tok, model = load_base(base)
-    chats = training_chats(TRAIN["chats"], SEED, focus)
+    chats = training_chats(TRAIN["chats"], SEED, focus, extended)
     rows.check_fast_render(tok, chats[:50])
     groups = rows.tokenize_rows(tok, [r for c in chats for r in rows.examples(tok, c)])
     system_ids = {s: (tok(s, add_special_tokens=False).input_ids if s else []) for s in groups}
@@ -184,6 +188,7 @@ def train(base: str, out_dir: str, *, threads: int = 1, steps: int | None = None
     record = {"base": os.path.basename(base), "seed": SEED, "lora": LORA, "train": {**TRAIN, "steps": steps, "lr": lr},
               "continued": {"from": os.path.basename(os.path.normpath(init)), "skip": skip} if init else None,
               "focus": {"chats": focus, "start": TRAIN["chats"], "pool": POOL} if focus else None,
+              "extended": {"chats": extended, "seed": SEED} if extended else None,
               "threads": threads, "rows": sum(len(g) for g in groups.values()),
               "train_wall_s": round(time.monotonic() - t_train), "train_cpu_s": round(_cpu() - c_train),
               "total_wall_s": round(time.monotonic() - t0), "total_cpu_s": round(_cpu() - c0),
@@ -226,8 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", type=int, default=0, help="batches of the seeded order to pass over (those --init saw)")
     p.add_argument("--lr", type=float, help=f"peak learning rate (default {TRAIN['lr']})")
     p.add_argument("--focus", type=int, default=0, help="train on this many weak-spot chats past the first set")
+    p.add_argument("--extended", type=int, default=0, help="train on this many chats of the extended rules")
     a = p.parse_args(argv)
-    train(a.base, a.out, threads=a.threads, steps=a.steps, init=a.init, skip=a.skip, lr=a.lr, focus=a.focus)
+    train(a.base, a.out, threads=a.threads, steps=a.steps, init=a.init, skip=a.skip, lr=a.lr, focus=a.focus,
+          extended=a.extended)
     return 0
 
 

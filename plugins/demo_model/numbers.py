@@ -11,25 +11,31 @@ _TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eigh
 _ZH_DIGITS = "零一二三四五六七八九"
 
 
-def english(n: int, rng: random.Random | None = None) -> str:
-    """0 <= n < 10000 in English words; with `rng`, "and" after hundreds and "a hundred" vary."""
+def english(n: int, rng: random.Random | None = None, spaced: float = 0.0) -> str:
+    """0 <= n < 10000 in English words; with `rng`, "and" after hundreds and "a hundred" vary, and a compound of
+    tens is written "twenty three" instead of "twenty-three" with probability `spaced` (0: no draw, so the
+    corpus's older stream stays the same)."""
     if not 0 <= n < 10000:
         raise ValueError(f"english() takes 0..9999, not {n}")
     if n < 20:
         return _ONES[n]
     if n < 100:
-        return _TENS[n // 10] + ("" if n % 10 == 0 else "-" + _ONES[n % 10])
+        if n % 10 == 0:
+            return _TENS[n // 10]
+        joint = " " if spaced and rng is not None and rng.random() < spaced else "-"
+        return _TENS[n // 10] + joint + _ONES[n % 10]
     if n < 1000:
         head = _hundreds_head(n // 100, "hundred", rng)
         if n % 100 == 0:
             return head
         joint = " and " if rng is not None and rng.random() < 0.4 else " "
-        return head + joint + english(n % 100)
+        return head + joint + english(n % 100, rng if spaced else None, spaced)
     head = _hundreds_head(n // 1000, "thousand", rng)
     rest = n % 1000
     if rest == 0:
         return head
-    return head + (" and " if rest < 100 and rng is not None and rng.random() < 0.5 else " ") + english(rest, rng)
+    return head + (" and " if rest < 100 and rng is not None and rng.random() < 0.5 else " ") + \
+        english(rest, rng, spaced)
 
 
 def _hundreds_head(k: int, unit: str, rng: random.Random | None) -> str:

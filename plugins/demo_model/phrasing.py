@@ -51,6 +51,11 @@ ASK_WEATHER_ZH = ["{c}的天气怎么样", "{c}天气怎么样", "{c}天气如�
                   "{c}那边天气怎么样", "{c}是晴天吗", "{c}刮风吗", "查一下{c}的天气", "查查{c}天气", "请问{c}的天气",
                   "告诉我{c}的天气", "我想知道{c}的天气", "帮我看看{c}的天气", "{c}现在什么天气"]
 WHEN_ZH = ["", "", "", "今天", "现在", "此刻", "目前"]
+# questions that are a noun phrase: a capitalized word before "in {c}" that is not the city
+NOUN_WEATHER_EN = ["current conditions in {c}", "weather now in {c}", "today's weather in {c}",
+                   "current temperature in {c}", "latest weather for {c}", "live weather in {c}",
+                   "weather update for {c}", "outside temperature in {c}", "tonight's weather in {c}",
+                   "temperatures today in {c}", "rain forecast for {c}", "weather conditions in {c} today"]
 
 
 def number_text(n: str, lang: str, rng: random.Random) -> str:
@@ -61,10 +66,28 @@ def number_text(n: str, lang: str, rng: random.Random) -> str:
     return english(int(n), rng) if lang == "en" else chinese(int(n), rng)
 
 
-def arithmetic_question(rng: random.Random, a: str, op: str, b: str, lang: str, mixed: bool = False) -> str:
-    """A question asking for `a op b` in `lang`; `mixed`: the operation (or the request) in the other language."""
+def numbers_text(a: str, b: str, lang: str, rng: random.Random) -> tuple[str, str]:
+    """Both operands as one person writes them in one question: both in digits, both in words ("fifty minus
+    seventeen", "三百加两百"; a compound of tens hyphenated or spaced), or now and then one of each."""
+    r = rng.random()
+    words = (False, False) if r < 0.45 else (True, True) if r < 0.9 else rng.choice([(True, False), (False, True)])
+
+    def text(n: str, in_words: bool) -> str:
+        if not in_words or not n.isdigit() or int(n) >= 10000:
+            return n
+        return english(int(n), rng, spaced=0.35) if lang == "en" else chinese(int(n), rng)
+    return text(a, words[0]), text(b, words[1])
+
+
+def arithmetic_question(rng: random.Random, a: str, op: str, b: str, lang: str, mixed: bool = False,
+                        extended: bool = False) -> str:
+    """A question asking for `a op b` in `lang`; `mixed`: the operation (or the request) in the other language;
+    `extended`: the operands written together (numbers_text) rather than each on its own."""
     op_lang = ("zh" if lang == "en" else "en") if mixed else lang
-    x_a, x_b = number_text(a, lang, rng), number_text(b, lang, rng)
+    if extended:
+        x_a, x_b = numbers_text(a, b, lang, rng)
+    else:
+        x_a, x_b = number_text(a, lang, rng), number_text(b, lang, rng)
     if not mixed and rng.random() < 0.15:   # the operation named by a verb or a noun
         x = rng.choice(VERB_EN[op] if lang == "en" else VERB_ZH[op]).format(a=x_a, b=x_b)
         if lang == "en":
@@ -89,8 +112,11 @@ def symbolic_question(rng: random.Random, expression: str, lang: str) -> str:
     return _finish_zh(rng, rng.choice(ASK_ZH).format(x=x))
 
 
-def weather_question(rng: random.Random, city: str, lang: str) -> str:
-    """A question about the weather in `city`, in `lang` (the city may be written in the other language)."""
+def weather_question(rng: random.Random, city: str, lang: str, extended: bool = False) -> str:
+    """A question about the weather in `city`, in `lang` (the city may be written in the other language);
+    `extended`: some English questions are a bare noun phrase whose first word is capitalized like a name."""
+    if extended and lang == "en" and rng.random() < 0.2:
+        return _finish_en(rng, rng.choice(NOUN_WEATHER_EN).format(c=city), [""], TAIL_EN[:8])
     if lang == "en":
         if rng.random() < 0.25:
             core = rng.choice(POLITE_EN) + rng.choice(DO_WEATHER_EN)

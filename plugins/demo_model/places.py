@@ -67,13 +67,28 @@ HAN_NAME_CHARS = ("阿埃艾爱安奥澳巴班邦堡北贝本比彼波伯博布�
                   "武西希夏厦仙香肖谢新休雅亚延扬阳耶伊英尤约云泽扎珠州庄日满岛昆春长安城江宁庆那")
 
 
-def made_up_city(rng: random.Random, lang: str) -> str:
-    """A city name that is in no list: syllables (English) or 2-4 place-name characters (Chinese)."""
+# how people write multi-word and hyphenated place names; "{w}" and "{v}" are made-up words
+_COMPOUNDS = ["{w} {v}", "{w}-{v}", "Saint-{w}", "{w}-sur-Mer", "{w}-on-Sea", "Port-au-{w}", "{w} City",
+              "{w} Springs", "Upper {w}", "Santa {w}", "{w} de {v}", "Bad {w}", "{w}-le-{v}", "{w} Bay"]
+
+
+def made_up_city(rng: random.Random, lang: str, extended: bool = False) -> str:
+    """A city name that is in no list: syllables (English) or 2-4 place-name characters (Chinese); `extended`:
+    Chinese names of 2-5 characters, longer ones as often as short, and a quarter of English names multi-word or
+    hyphenated (`_COMPOUNDS`)."""
     if lang == "zh":
-        return "".join(rng.choice(HAN_NAME_CHARS) for _ in range(rng.choice((2, 2, 3, 3, 4))))
+        sizes = (2, 3, 3, 4, 4, 5) if extended else (2, 2, 3, 3, 4)
+        return "".join(rng.choice(HAN_NAME_CHARS) for _ in range(rng.choice(sizes)))
+    if extended and rng.random() < 0.25:
+        return rng.choice(_COMPOUNDS).format(w=_word(rng), v=_word(rng))
+    word = _word(rng)
+    return (rng.choice(_PREFIXES) if rng.random() < 0.1 else "") + word
+
+
+def _word(rng: random.Random) -> str:
     word = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
                    for _ in range(rng.choice((1, 2, 2, 3))))
     word = (word + rng.choice(_ENDINGS)).capitalize()
     if len(word) < 4:
         word += rng.choice(["ton", "ia", "burg", "ora"])
-    return (rng.choice(_PREFIXES) if rng.random() < 0.1 else "") + word
+    return word
