@@ -161,4 +161,4 @@ def test_16_bit_float_weights_in_r16_give_the_plain_kernels_products_and_bits(na
             xb = x.bfloat16()
             assert torch.allclose(quant.qmatmul(xb, r).float(), quant.qmatmul(xb, w).float(), rtol=0,
                                   atol=1e-2 * float(want.abs().max()))
-        assert quant.dense_from_tokens(torch.float32, r.qtype) == quant.DENSE_FROM_TOKENS   # prefill: a GEMM
+        assert quant.dense_from_tokens(torch.bfloat16, r.qtype) == quant.DENSE_FROM_TOKENS   # bf16 prefill: a GEMM

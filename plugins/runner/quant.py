@@ -315,15 +315,21 @@ def quantize(w: torch.Tensor, qtype: int) -> QWeight:
 # script of issue 38 (min of 7 calls, loaded machine), kernel / dequantize + fp32 linear: Q8_0 1536x576 128 rows
 # 1438 / 4092 us, 512: 10609 / 28055, 1024: 16433 / 32244; Q4_0 576x1536 512: 6340 / 19261; Q4_K 640x2048 512:
 # 17901 / 30518.
-DENSE_FROM_TOKENS = 16          # bf16 activations, and float weights with any activations
+# r16 floats (F16, BF16) with fp32 activations keep their kernel too: above 16 rows it widens each weight vector once
+# for 12 rows (csrc/quant_r16f.c's r16f_rows). NOTE: one thread, Zen 4, loaded machine, one layer's four F16 matmuls
+# (min of 9, alternated), kernel / dequantize + fp32 linear: Gemma 3 270M 128 rows 15.95 / 23.71 ms, 2,048 rows
+# 259 / 271; SmolLM2 128 rows 9.73 / 12.73, 2,048 rows 141 / 158.
+DENSE_FROM_TOKENS = 16          # bf16 activations, and plain float weights with any activations
 DENSE_FROM_TOKENS_FP32 = 128    # fp32 activations over quantized blocks in their plain layouts
-NEVER_DENSE = 1 << 40           # fp32 activations over r16 blocks (not r16 floats: DENSE_FROM_TOKENS)
+NEVER_DENSE = 1 << 40           # fp32 activations over r16 weights
 
 
 def dense_from_tokens(dtype: torch.dtype, qtype: int | None = None) -> int:
     """Tokens above which a matmul with activations of `dtype` over weights of `qtype` (None: a block type in its
     plain layout) is faster dequantized + torch's (see the NOTEs)."""
-    if dtype != torch.float32 or qtype in _FLOAT_TYPES or (qtype is not None and qtype - R16_OFF in _FLOAT_TYPES):
+    if qtype is not None and qtype - R16_OFF in _FLOAT_TYPES:
+        return NEVER_DENSE if dtype == torch.float32 else DENSE_FROM_TOKENS
+    if dtype != torch.float32 or qtype in _FLOAT_TYPES:
         return DENSE_FROM_TOKENS
     return NEVER_DENSE if qtype is not None and qtype >= R16_OFF else DENSE_FROM_TOKENS_FP32
 

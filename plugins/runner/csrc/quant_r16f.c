@@ -11,6 +11,11 @@
  *
  * Each output is the same fp32 sum of the same products as row_dot's, in another order (4 partial sums over k). */
 
+/* rows of x in a call above which r16f_matmul takes R16F_MR rows at a time (a prefill chunk); up to it each row
+ * takes r16f_tile, whose sums do not depend on the other rows of the call (a decode batch's rows keep their bits) */
+#define R16F_ROWWISE 16
+#define R16F_MR 12
+
 static void r16f_repack(const uint8_t *src, int64_t N, int64_t K, uint8_t *dst, int nt) {
     const uint16_t *s = (const uint16_t *)src;
     uint16_t *d = (uint16_t *)dst;
@@ -119,6 +124,43 @@ INLINE void r16f_tile(const int base, const uint16_t *p, int64_t K, const float 
 #endif
 }
 
+#if defined(QV512)
+INLINE __m512 r16f_widen(const int base, const uint16_t *p) {
+    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return base == GT_F16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* MR rows of x (row stride xs) times one tile: o[i * 16 + r] = tile row r . x row i. Each weight vector is widened
+ * once for the MR rows (MR sums in registers), where r16f_tile widens it again for every row: a prefill chunk's
+ * matmul straight from the r16 layout, which is already a GEMM's packed 16-column panel (MKL packs its dequantized
+ * copy into the same shape). Each row's sum runs over k in order, as a GEMM's does. MR a constant: registers. */
+INLINE void r16f_rows(const int base, const int MR, const uint16_t *p, int64_t K, const float *x, int64_t xs,
+                      float *o) {
+    __m512 a[R16F_MR];
+#pragma GCC unroll 12
+    for (int i = 0; i < MR; i++) a[i] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        const __m512 wv = r16f_widen(base, p + 16 * k);
+#pragma GCC unroll 12
+        for (int i = 0; i < MR; i++) a[i] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[i * xs + k]), a[i]);
+    }
+#pragma GCC unroll 12
+    for (int i = 0; i < MR; i++) _mm512_storeu_ps(o + 16 * i, a[i]);
+}
+#endif
+
+/* y rows b0.. of one tile's 16 columns from o[(b - b0) * 16 + r] (+ bias) */
+INLINE void r16f_put(const float *o, int64_t rows, int64_t t, int64_t b0, void *y, int y_bf16, int64_t ys,
+                     const float *bias) {
+    for (int64_t i = 0; i < rows; i++)
+        for (int r = 0; r < 16; r++) {
+            const int64_t n = t * 16 + r;
+            const float v = o[i * 16 + r] + (bias ? bias[n] : 0.0f);
+            if (y_bf16) ((uint16_t *)y)[(b0 + i) * ys + n] = f2bf(v);
+            else ((float *)y)[(b0 + i) * ys + n] = v;
+        }
+}
+
 /* quant_qmatmul's contract for base (F16 or BF16) + R16_OFF weights: N % 16 == 0; x fp32 or bf16 */
 static int r16f_matmul(int base, const uint8_t *w, int64_t N, int64_t K, const void *x, int x_bf16, int64_t xs,
                        int64_t B, void *y, int y_bf16, int64_t ys, const float *bias, int nt) {
@@ -128,6 +170,40 @@ static int r16f_matmul(int base, const uint8_t *w, int64_t N, int64_t K, const v
     if (!xf) return -3;
     const int64_t tiles = N / 16;
     const int par = nt > 1 && tiles >= 2 && N * K * (B < 8 ? B : 8) >= PAR_MIN;
+#if defined(QV512)
+    if (B > R16F_ROWWISE) {   /* a prefill chunk: R16F_MR rows at a time (r16f_rows), the rest by 4, 2 and 1 */
+        /* rows by spans whose x stays in L2 (~512 KB) while every tile passes over it: 2,048 rows of x at once
+         * (16 MB at K = 2,048) came from memory for every tile, slower than the dequantized GEMM */
+        int64_t span = (int64_t)(512 << 10) / (4 * K) / R16F_MR * R16F_MR;
+        span = span < R16F_MR ? R16F_MR : span;
+        for (int64_t b0 = 0; b0 < B; b0 += span) {
+            const int64_t b1 = b0 + span < B ? b0 + span : B;
+#pragma omp parallel for num_threads(nt) schedule(static) if (par)
+            for (int64_t t = 0; t < tiles; t++) {
+                const uint16_t *p = (const uint16_t *)w + t * 16 * K;
+                float o[R16F_MR * 16];
+                int64_t b = b0;
+                for (; b + R16F_MR <= b1; b += R16F_MR) {
+                    if (base == GT_F16) r16f_rows(GT_F16, R16F_MR, p, K, xf + b * xs, xs, o);
+                    else r16f_rows(GT_BF16, R16F_MR, p, K, xf + b * xs, xs, o);
+                    r16f_put(o, R16F_MR, t, b, y, y_bf16, ys, bias);
+                }
+                for (int mr = 4; mr >= 1; mr /= 2)
+                    for (; b + mr <= b1; b += mr) {
+                        if (base == GT_F16 && mr == 4) r16f_rows(GT_F16, 4, p, K, xf + b * xs, xs, o);
+                        else if (base == GT_F16 && mr == 2) r16f_rows(GT_F16, 2, p, K, xf + b * xs, xs, o);
+                        else if (base == GT_F16) r16f_rows(GT_F16, 1, p, K, xf + b * xs, xs, o);
+                        else if (mr == 4) r16f_rows(GT_BF16, 4, p, K, xf + b * xs, xs, o);
+                        else if (mr == 2) r16f_rows(GT_BF16, 2, p, K, xf + b * xs, xs, o);
+                        else r16f_rows(GT_BF16, 1, p, K, xf + b * xs, xs, o);
+                        r16f_put(o, mr, t, b, y, y_bf16, ys, bias);
+                    }
+            }
+        }
+        free(tmp);
+        return 0;
+    }
+#endif
 #pragma omp parallel for num_threads(nt) schedule(static) if (par)
     for (int64_t t = 0; t < tiles; t++) {
         const uint16_t *p = (const uint16_t *)w + t * 16 * K;
