@@ -89,6 +89,44 @@ def test_int8_activations_give_llama_cpp_numerics(name):
         assert ((got - plain_int8).abs().max() / want.abs().max()).item() < 1e-5
 
 
+def int16_of(x: torch.Tensor) -> torch.Tensor:
+    """x as the int16 kernels quantize it, per 32 values: d = amax / 32767 (fp32), q = x * (1 / d) rounded half away
+    from zero, back as q * d in float64."""
+    g = x.float().reshape(x.shape[0], -1, 32)
+    d = g.abs().amax(-1, keepdim=True) / 32767.0
+    inv = torch.where(d != 0, 1.0 / torch.where(d != 0, d, torch.ones_like(d)), torch.zeros_like(d))
+    v = g * inv
+    t = v.trunc()
+    q = t + (v - t >= 0.5).float() - (v - t <= -0.5).float()
+    return (q.double() * d.double()).reshape(x.shape)
+
+
+@pytest.mark.parametrize("name", ("Q8_0", "Q4_0", "Q4_1", "Q5_1"))
+def test_int16_activations_give_their_reconstruction_times_the_weight(name):
+    """The exact int16 activations: the product is x's int16 reconstruction times the weight to fp32 rounding (a
+    value off by one int16 step, such as a tie rounded the other way, is ~5e-6 of its row's largest output), at one row
+    (decode), a few, and enough rows for the threads to share quantizing them."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        products_within(name, 2e-6)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def products_within(name: str, bound: float) -> None:
+    for n, k in ((960, 576), (576, 1536)):
+        w = plain(name, n, k)
+        r = quant.repack_r16(w)
+        for b in (1, 5, 16):
+            x = activations(b, k, seed=b)
+            x[0, :32] = torch.arange(32) * 0.25   # amax 7.75: 0.25 is 1056.9 steps, ties and near-ties
+            want = int16_of(x) @ reference(w).T
+            got = quant.qmatmul(x, r).double()
+            err = ((got - want).abs().amax(1) / want.abs().amax(1)).max().item()
+            assert err < bound, (n, k, b, err)
+
+
 @pytest.mark.parametrize("name", ("Q8_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K"))
 def test_one_nibble_moved_in_the_repacked_bytes_changes_exactly_its_row(name):
     n, k = (64, 256) if name.endswith("_K") else (64, 96)

@@ -6,8 +6,8 @@
  * sum per row at the end; at batch 1 that is compute-bound far below the memory's rate. Here a "tile" is 16 rows, and
  * for each group the tile's bytes sit together so that one 512-bit vpdpbusd covers 4 weights of each of the 16 rows
  * (lane r = row r) against 4 x values broadcast to every lane: 8 of them sum a group, the 16 lanes are the 16 rows'
- * sums, the 16 scales are one vector load, and no horizontal sum is left. int16 x goes through vpdpwssd on codes
- * widened to 16 bits (two lanes a row: r16_tile16). A tile's codes are loaded once for up to R16_NB x rows.
+ * sums, the 16 scales are one vector load, and no horizontal sum is left. int16 x is split into its two bytes, each
+ * a vpdpbusd of its own (r16_tile16). A tile's codes are loaded once for up to R16_NB x rows.
  *
  *   tile-group (16 rows x 32 weights), bytes = 16 x the format's block size, so a weight keeps its size:
  *     d[16] fp16 | m[16] fp16 (Q4_1, Q5_1) | codes
@@ -220,69 +220,66 @@ INLINE __m512 r16_pairs(__m512 lo, __m512 hi) {
 #define R16_PAIR_HI _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8)
 
 /* As r16_tile with x as int16 per 32 values (scale amax / 32767: an error of |x| / 65534, 256x below int8's, so
- * results stay within ~3e-5 of the fp32 path's). Codes are widened to 16 bits (once for the nb rows) and summed in
- * pairs by vpdpwssd: rows 0-7 in `lo`, 8-15 in `hi`, each row's two lanes (weights 4c, 4c+1 and 4c+2, 4c+3) added
- * at the end (r16_pairs). */
+ * results stay within ~3e-5 of the fp32 path's), each value split into bytes, x = 256 xh + xl (xh = x >> 8 signed,
+ * xl unsigned), so the products stay 512-bit vpdpbusd with lanes = rows, two per chunk where int8 x takes one:
+ *   hi: u x xh (u unsigned, xh signed);  lo: xl x w (xl unsigned, w signed: the 4/5-bit codes u are below 128 as
+ *   they are; Q8_0's u = q + 128 becomes q with one xor a chunk, for all nb rows)
+ *   sum(q x) = 256 hi + lo - off, off = c sum(x) (Q4_0, Q5_0: lo took u), 32768 sum(xh) (Q8_0: lo took q), 0
+ * all exact in int32 (|256 hi| < 2^28), one int32 a row and group as int8 x has. x's group g sits at xq + 64 g as
+ * [xh: 32 bytes][xl: 32 bytes]; off is sh[b * G + g] (r16_split_group).
+ * NOTE: vpdpwssd on codes widened to 16 bits takes as many dot-product instructions, but with two widenings a chunk
+ * and each row's sum in two lanes (folded per group and tile): 70 against 85-89 GMAC/s here (Zen 4 peak: 116, one
+ * 512-bit dot product a cycle at 3.6 GHz), Q8_0, SmolLM2's four matrices x 30 layers, 128 rows, one thread. */
 INLINE void r16_tile16(const int base, const int nb, const uint8_t *p, int64_t G, int64_t tg, const int8_t *xq,
-                       int64_t xrow, const float *dx, const int32_t *sq, float *out) {
-    const int hdr = r16_hdr(base), c0 = r16_code_offset(base);
-    __m512 tlo[R16_NB], thi[R16_NB];
-    for (int b = 0; b < nb; b++) tlo[b] = thi[b] = _mm512_setzero_ps();
+                       int64_t xrow, const float *dx, const int32_t *sq, const int32_t *off, float *out) {
+    const int hdr = r16_hdr(base);
+    __m512 tot[R16_NB], tm[R16_NB];
+    for (int b = 0; b < nb; b++) tot[b] = tm[b] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++, p += tg) {
         const uint8_t *codes = p + hdr;
-        __m512i lo[R16_NB], hi[R16_NB];
-        for (int b = 0; b < nb; b++) lo[b] = hi[b] = _mm512_setzero_si512();
-#define X8(b, i) _mm512_set1_epi64(((const int64_t *)((const int16_t *)(xq + (b) * xrow) + 32 * g))[i])
-#define DOT(v, i)                                                                                          \
-        do {                                                                                               \
-            const __m512i w0 = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(v));                           \
-            const __m512i w1 = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(v, 1));                      \
-            for (int b = 0; b < nb; b++) {                                                                 \
-                const __m512i xv = X8(b, i);                                                               \
-                lo[b] = _mm512_dpwssd_epi32(lo[b], w0, xv);                                                \
-                hi[b] = _mm512_dpwssd_epi32(hi[b], w1, xv);                                                \
-            }                                                                                              \
-        } while (0)
+        const int8_t *xg = xq + 64 * g;
+        for (int64_t at = 0; nb == R16_NB && at < tg; at += 64)   /* the next tile's group: 1.1x at 16 rows */
+            _mm_prefetch((const char *)(p + G * tg + at), _MM_HINT_T0);
+        __m512i hi[R16_NB], lo[R16_NB];
+        for (int b = 0; b < nb; b++) {   /* lo starts at -off: the offset taken out with no instruction more */
+            hi[b] = _mm512_setzero_si512();
+            lo[b] = _mm512_set1_epi32(r16_code_offset(base) ? -off[b * G + g] : 0);
+        }
+#define X4(b, i) _mm512_set1_epi32(((const int32_t *)(xg + (b) * xrow))[i])
+#define DOT(u, w, i)                                                                                      \
+        for (int b = 0; b < nb; b++) {                                                                    \
+            hi[b] = _mm512_dpbusd_epi32(hi[b], u, X4(b, i));                                              \
+            lo[b] = _mm512_dpbusd_epi32(lo[b], X4(b, 8 + (i)), w);                                        \
+        }
         if (base == GT_Q8_0) {
+            const __m512i flip = _mm512_set1_epi8((char)0x80);
 #pragma GCC unroll 8
-            for (int c = 0; c < 8; c++) DOT(_mm512_loadu_si512(codes + 64 * c), c);
+            for (int c = 0; c < 8; c++) {
+                const __m512i u = _mm512_loadu_si512(codes + 64 * c), q = _mm512_xor_si512(u, flip);
+                DOT(u, q, c)
+            }
         } else {
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
                 __m512i a, bb;
                 r16_nibbles(base, codes, c, &a, &bb);
-                DOT(a, c);
-                DOT(bb, 4 + c);
+                DOT(a, a, c)
+                DOT(bb, bb, 4 + c)
             }
         }
 #undef DOT
-#undef X8
+#undef X4
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-        const __m512 dlo = _mm512_permutexvar_ps(R16_PAIR_LO, d), dhi = _mm512_permutexvar_ps(R16_PAIR_HI, d);
-        __m512 mlo = _mm512_setzero_ps(), mhi = _mm512_setzero_ps();
-        if (r16_has_m(base)) {
-            const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
-            mlo = _mm512_maskz_permutexvar_ps(0x5555, R16_PAIR_LO, m);   /* m on the even lanes only */
-            mhi = _mm512_maskz_permutexvar_ps(0x5555, R16_PAIR_HI, m);
-        }
         for (int b = 0; b < nb; b++) {
             const float xd = dx[b * G + g];
-            if (c0) {   /* the row's offset c * sum(x), taken from its even lane only */
-                const __m512i corr = _mm512_set1_epi32(c0 * sq[b * G + g]);
-                lo[b] = _mm512_mask_sub_epi32(lo[b], 0x5555, lo[b], corr);
-                hi[b] = _mm512_mask_sub_epi32(hi[b], 0x5555, hi[b], corr);
-            }
-            const __m512 xs = _mm512_set1_ps(xd);
-            tlo[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo[b]), _mm512_mul_ps(dlo, xs), tlo[b]);
-            thi[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi[b]), _mm512_mul_ps(dhi, xs), thi[b]);
-            if (r16_has_m(base)) {   /* m * dx * sum(x) */
-                const __m512 ms = _mm512_set1_ps(xd * (float)sq[b * G + g]);
-                tlo[b] = _mm512_fmadd_ps(mlo, ms, tlo[b]);
-                thi[b] = _mm512_fmadd_ps(mhi, ms, thi[b]);
-            }
+            const __m512i a = _mm512_add_epi32(_mm512_slli_epi32(hi[b], 8), lo[b]);
+            tot[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(d, _mm512_set1_ps(xd)), tot[b]);
+            if (r16_has_m(base))   /* m * dx * sum(x) */
+                tm[b] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32))),
+                                        _mm512_set1_ps(xd * (float)sq[b * G + g]), tm[b]);
         }
     }
-    for (int b = 0; b < nb; b++) _mm512_storeu_ps(out + 16 * b, r16_pairs(tlo[b], thi[b]));
+    for (int b = 0; b < nb; b++) _mm512_storeu_ps(out + 16 * b, _mm512_add_ps(tot[b], tm[b]));
 }
 
 /* a tile against nb <= R16_NB x rows (see r16_tile); sh: the x groups' half sums (the K formats') */
@@ -297,9 +294,15 @@ typedef void (*r16_fn)(const uint8_t *, int64_t, int64_t, int, const int8_t *, i
     case 2: tile(__VA_ARGS__, 2, p, G, tg, xq, xrow, dx, sq, o); break; \
     case 3: tile(__VA_ARGS__, 3, p, G, tg, xq, xrow, dx, sq, o); break; \
     default: tile(__VA_ARGS__, 4, p, G, tg, xq, xrow, dx, sq, o); }
+#define R16_ROWS16(tile, ...) \
+    switch (nb) { \
+    case 1: tile(__VA_ARGS__, 1, p, G, tg, xq, xrow, dx, sq, sh, o); break; \
+    case 2: tile(__VA_ARGS__, 2, p, G, tg, xq, xrow, dx, sq, sh, o); break; \
+    case 3: tile(__VA_ARGS__, 3, p, G, tg, xq, xrow, dx, sq, sh, o); break; \
+    default: tile(__VA_ARGS__, 4, p, G, tg, xq, xrow, dx, sq, sh, o); }
 #define R16_KERNELS(qt) \
     static void r16x8_##qt(R16_ARGS) { (void)sh; R16_ROWS(r16_tile, qt) } \
-    static void r16x16_##qt(R16_ARGS) { (void)sh; R16_ROWS(r16_tile16, qt) }
+    static void r16x16_##qt(R16_ARGS) { R16_ROWS16(r16_tile16, qt) }
 R16_KERNELS(GT_Q8_0) R16_KERNELS(GT_Q4_0) R16_KERNELS(GT_Q4_1) R16_KERNELS(GT_Q5_0) R16_KERNELS(GT_Q5_1)
 static void r16k_q4k_8(R16_ARGS);
 static void r16k_q4k_16(R16_ARGS);
@@ -325,6 +328,70 @@ static r16_fn r16_kernel(int base, int x16) {
     }
 }
 
+/* x's 32 values at src as r16_tile16 takes them: quantize_group(src, 32767) (vectorized, the same bits: outside
+ * -ffast-math as it is, where 1 / (amax / 32767) became 32767 / amax and moved ties), then split at out as
+ * [q >> 8: 32 bytes][q & 255: 32 bytes]; the scale at *d, the values' sum at *sum; returns the offset r16_tile16
+ * subtracts */
+#pragma GCC push_options
+#pragma GCC optimize("no-fast-math", "fp-contract=off")
+static int32_t r16_split_group(int base, const float *src, int8_t *out, float *d, int32_t *sum) {
+    const __m512 a = _mm512_loadu_ps(src), b = _mm512_loadu_ps(src + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    *d = amax / 32767.0f;
+    const __m512 id = _mm512_set1_ps(*d != 0.0f ? 1.0f / *d : 0.0f), half = _mm512_set1_ps(0.5f);
+    __m512i q[2];
+    for (int h = 0; h < 2; h++) {   /* as quantize_group: truncate, then round half away from zero */
+        const __m512 v = _mm512_mul_ps(h ? b : a, id);
+        const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(v, t);
+        const __m512i one = _mm512_set1_epi32(1);
+        q[h] = _mm512_cvttps_epi32(t);
+        q[h] = _mm512_mask_add_epi32(q[h], _mm512_cmp_ps_mask(f, half, _CMP_GE_OQ), q[h], one);
+        q[h] = _mm512_mask_sub_epi32(q[h], _mm512_cmp_ps_mask(f, _mm512_sub_ps(_mm512_setzero_ps(), half),
+                                                                _CMP_LE_OQ), q[h], one);
+    }
+    const __m512i hi0 = _mm512_srai_epi32(q[0], 8), hi1 = _mm512_srai_epi32(q[1], 8);
+    _mm_storeu_si128((__m128i *)out, _mm512_cvtepi32_epi8(hi0));
+    _mm_storeu_si128((__m128i *)(out + 16), _mm512_cvtepi32_epi8(hi1));
+    _mm_storeu_si128((__m128i *)(out + 32), _mm512_cvtepi32_epi8(q[0]));   /* the low bytes: q & 255 */
+    _mm_storeu_si128((__m128i *)(out + 48), _mm512_cvtepi32_epi8(q[1]));
+    *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
+    return base == GT_Q8_0 ? 32768 * _mm512_reduce_add_epi32(_mm512_add_epi32(hi0, hi1))
+                           : r16_code_offset(base) * *sum;
+}
+#pragma GCC pop_options
+
+/* row b of x quantized per 32 values for r16_qmatmul's kernels: int16 (x16) split for r16_tile16, int16 for the K
+ * formats' (with the halves' sums at sh), or int8 */
+static void r16_quantize_row(int base, int x16, const void *x, int x_bf16, int64_t xs, int64_t b, int64_t K,
+                             int8_t *xq, float *dx, int32_t *sq, int32_t *sh) {
+    const int64_t G = K / 32;
+    for (int64_t g = 0; g < G; g++) {
+        float v[32];
+        const float *src = x_group(x, x_bf16, xs, b, g, v);
+        const int64_t i = b * G + g;
+        int32_t first = 0;
+        if (x16 && !r16_k_format(base)) {
+            sh[i] = r16_split_group(base, src, xq + 2 * b * K + 64 * g, dx + i, sq + i);
+            continue;
+        }
+        if (x16) {
+            int16_t *q = (int16_t *)xq + b * K + 32 * g;
+            sq[i] = quantize_group(src, 32767.0f, q, dx + i);
+            for (int j = 0; j < 16; j++) first += q[j];
+        } else {
+            uint16_t dh;
+            int8_t *q = xq + b * K + 32 * g;
+            sq[i] = quantize_x_group(src, q, &dh);
+            dx[i] = h2f(dh);
+            for (int j = 0; j < 16; j++) first += q[j];
+        }
+        sh[2 * i] = first;
+        sh[2 * i + 1] = sq[i] - first;
+    }
+}
+
+#define R16_PAR_PREP 8   /* x rows from which the threads share quantizing them */
+
 /* quant_qmatmul's contract for an r16 weight (type base + R16_OFF), x quantized to int8 groups first */
 static int r16_qmatmul(int base, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K, const void *x,
                        int x_bf16, int64_t xs, int64_t B, void *y, int y_bf16, int64_t ys, const float *bias,
@@ -337,25 +404,7 @@ static int r16_qmatmul(int base, const uint8_t *w, int64_t row_bytes, int64_t N,
     float *dx = (float *)malloc((size_t)(B * G + 1) * sizeof(float));
     int32_t *sq = (int32_t *)malloc((size_t)(3 * B * G + 1) * sizeof(int32_t)), *sh = sq + B * G;   /* sh: halves */
     if (!xq || !dx || !sq) { free(xq); free(dx); free(sq); return -3; }
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t g = 0; g < G; g++) {
-            float v[32];
-            const float *src = x_group(x, x_bf16, xs, b, g, v);
-            int32_t first = 0;
-            if (x16) {
-                const int16_t *q = (int16_t *)xq + b * K + 32 * g;
-                sq[b * G + g] = quantize_group(src, 32767.0f, (int16_t *)q, dx + b * G + g);
-                for (int j = 0; j < 16; j++) first += q[j];
-            } else {
-                uint16_t dh;
-                const int8_t *q = xq + b * K + 32 * g;
-                sq[b * G + g] = quantize_x_group(src, (int8_t *)q, &dh);
-                dx[b * G + g] = h2f(dh);
-                for (int j = 0; j < 16; j++) first += q[j];
-            }
-            sh[2 * (b * G + g)] = first;
-            sh[2 * (b * G + g) + 1] = sq[b * G + g] - first;
-        }
+    const int split = x16 && !r16_k_format(base);   /* r16_tile16's: one offset a group at sh */
     const r16_fn fn = r16_kernel(base, x16);
     const int64_t xrow = x16 ? 2 * K : K;   /* bytes of one quantized x row */
     const int64_t tiles = N / 16;
@@ -364,24 +413,32 @@ static int r16_qmatmul(int base, const uint8_t *w, int64_t row_bytes, int64_t N,
      * the tiles stream past (a whole prefill chunk's x, re-read from L3 for every tile, made the kernel's time grow
      * faster than its rows: 3.0 ms at 256 rows, 10.2 ms at 512, 1536x576 Q8_0); static tiles, so each thread keeps
      * the same tiles for every block */
+    const int par_prep = par && B >= R16_PAR_PREP;
+    for (int64_t b = 0; b < B && !par_prep; b++) r16_quantize_row(base, x16, x, x_bf16, xs, b, K, xq, dx, sq, sh);
 #pragma omp parallel num_threads(nt) if (par)
-    for (int64_t bb = 0; bb < B; bb += R16_ROW_BLOCK) {
-        const int64_t be = B - bb < R16_ROW_BLOCK ? B : bb + R16_ROW_BLOCK;
+    {
+        if (par_prep) {
+#pragma omp for schedule(static)
+            for (int64_t b = 0; b < B; b++) r16_quantize_row(base, x16, x, x_bf16, xs, b, K, xq, dx, sq, sh);
+        }
+        for (int64_t bb = 0; bb < B; bb += R16_ROW_BLOCK) {
+            const int64_t be = B - bb < R16_ROW_BLOCK ? B : bb + R16_ROW_BLOCK;
 #pragma omp for schedule(static) nowait
-        for (int64_t t = 0; t < tiles; t++)
-            for (int64_t b0 = bb; b0 < be; b0 += R16_NB) {
-                const int nb = be - b0 < R16_NB ? (int)(be - b0) : R16_NB;
-                float o[16 * R16_NB];
-                fn(w + t * 16 * row_bytes, G, tg, nb, xq + b0 * xrow, xrow, dx + b0 * G, sq + b0 * G,
-                   sh + 2 * b0 * G, o);
-                for (int b = 0; b < nb; b++)
-                    for (int r = 0; r < 16; r++) {
-                        const int64_t n = t * 16 + r;
-                        const float v = o[16 * b + r] + (bias ? bias[n] : 0.0f);
-                        if (y_bf16) ((uint16_t *)y)[(b0 + b) * ys + n] = f2bf(v);
-                        else ((float *)y)[(b0 + b) * ys + n] = v;
-                    }
-            }
+            for (int64_t t = 0; t < tiles; t++)
+                for (int64_t b0 = bb; b0 < be; b0 += R16_NB) {
+                    const int nb = be - b0 < R16_NB ? (int)(be - b0) : R16_NB;
+                    float o[16 * R16_NB];
+                    fn(w + t * 16 * row_bytes, G, tg, nb, xq + b0 * xrow, xrow, dx + b0 * G, sq + b0 * G,
+                       sh + (split ? 1 : 2) * b0 * G, o);
+                    for (int b = 0; b < nb; b++)
+                        for (int r = 0; r < 16; r++) {
+                            const int64_t n = t * 16 + r;
+                            const float v = o[16 * b + r] + (bias ? bias[n] : 0.0f);
+                            if (y_bf16) ((uint16_t *)y)[(b0 + b) * ys + n] = f2bf(v);
+                            else ((float *)y)[(b0 + b) * ys + n] = v;
+                        }
+                }
+        }
     }
     free(xq);
     free(dx);
