@@ -36,8 +36,10 @@ generate: install
 # NOTE: two workers are safe: every test server binds port 0; the demo model and the compiled C kernels are
 # built into the user cache under a lock and renamed into place (demo_model/cache.py, core/native.py); tests
 # share no file outside their tmp_path. --dist loadfile keeps each module on one worker, so a module-scoped
-# server is started once, as in one process. The slow tier runs after the fast one on $(SLOW_WORKERS) workers, a file
-# a worker too; its largest files (test_gguf_models, test_gguf_serving) are two, so both workers can take one. NOTE:
+# server is started once, as in one process. --no-loadscope-reorder: files go out in collection order, where
+# tests/conftest.py puts the longest first (LONGEST_FILES), not by their number of tests (xdist's default), so no
+# long file starts last while the other worker idles. The slow tier runs after the fast one on $(SLOW_WORKERS)
+# workers, a file a worker too, and imports only the files that name its marker (conftest.py). NOTE:
 # its waits held on one worker at a load average of 10-15 on 2 cores, but on two at 15-20 (other sessions' work
 # beside it) the Ray cluster of test_scale_ray did not start within its 240 s: SLOW_WORKERS=1 is the way back.
 WORKERS      ?= 2
@@ -51,12 +53,12 @@ timed = rc=$$?; echo "make test: $(1) took $$(( $$(date +%s) - t0 )) s wall"; ex
 test: test-fast test-slow test-clients
 
 test-fast: install
-	@t0=$$(date +%s); $(PYTEST) -n $(WORKERS) --dist loadfile -m "not slow" $(addprefix --ignore=,$(CLIENT_TESTS)) \
+	@t0=$$(date +%s); $(PYTEST) -n $(WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow" $(addprefix --ignore=,$(CLIENT_TESTS)) \
 	  $(PYTEST_ARGS); $(call timed,fast tier on $(WORKERS) workers)
 
 # exit status 5 (no test selected: PYTEST_ARGS named files without slow tests) is not a failure here
 test-slow: install
-	@t0=$$(date +%s); $(PYTEST) -n $(SLOW_WORKERS) --dist loadfile -m slow $(PYTEST_ARGS) $(COV_APPEND) || [ $$? -eq 5 ]; \
+	@t0=$$(date +%s); $(PYTEST) -n $(SLOW_WORKERS) --dist loadfile --no-loadscope-reorder -m slow $(PYTEST_ARGS) $(COV_APPEND) || [ $$? -eq 5 ]; \
 	  $(call timed,slow tier on $(SLOW_WORKERS) workers)
 
 # instructor 1.17 wants openai 3.3 / jiter<0.15 and guidellm 0.8 click 8.4 / multidict<7 (the NOTEs in their
