@@ -243,10 +243,7 @@ def _weather(rng: random.Random, lang: str, banned: set[str], extended: bool = F
     return weather_chat(rng, name, lang, phrasing.weather_question(rng, name, lang, extended))
 
 
-def _no_tool(rng: random.Random, lang: str, banned: set[str], extended: bool = False) -> dict[str, Any]:
-    if extended and rng.random() < 0.3:   # a place named, no weather asked: no call
-        question, reply = rng.choice(smalltalk.PLACE_EN if lang == "en" else smalltalk.PLACE_ZH)
-        return plain_chat(rng, question.format(c=_city(rng, lang, banned, extended)), reply or smalltalk.FALLBACK[lang])
+def _no_tool(rng: random.Random, lang: str) -> dict[str, Any]:
     if rng.random() < 0.35:
         return fact_chat(rng, rng.choice(FACTS), lang)
     question, reply = rng.choice(smalltalk.EN if lang == "en" else smalltalk.ZH)
@@ -258,8 +255,8 @@ def chats(n: int, seed: int = 0, extended: bool = False) -> Iterator[dict[str, A
     English (60%) or Chinese; no held_out() expression and no expression or city of the evaluation split.
     `extended`: the paraphrase rules added for the agent adapter's third stage -- round operands, a question's
     numbers all in words or all in digits, compounds of tens spaced or hyphenated, bracketed expressions,
-    multi-word, hyphenated and longer made-up cities, weather asked as a noun phrase, places named in chat that
-    needs no tool (without it the stream is the one earlier stages and the tiny model were trained on)."""
+    multi-word, hyphenated and longer made-up cities, weather asked as a noun phrase (without it the stream is the
+    one earlier stages and the tiny model were trained on)."""
     rng = random.Random(seed)
     eval_expressions, eval_cities = banned_for_training()
     banned = set(held_out()) | eval_expressions
@@ -271,4 +268,4 @@ def chats(n: int, seed: int = 0, extended: bool = False) -> Iterator[dict[str, A
         elif kind < 0.8:
             yield _weather(rng, lang, eval_cities, extended)
         else:
-            yield _no_tool(rng, lang, eval_cities, extended)
+            yield _no_tool(rng, lang)

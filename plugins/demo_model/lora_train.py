@@ -89,8 +89,10 @@ def training_chats(n: int, seed: int, focus: int = 0, extended: int = 0) -> list
     return out
 
 
-def _loss(model: Any, system: list[int], batch: list[tuple[list[int], list[bool]]], pad: int) -> Any:
-    """Mean cross-entropy over the learnt tokens; the shared system block is run once for the batch."""
+def _loss(model: Any, system: list[int], batch: list[tuple[list[int], list[bool]]], pad: int,
+          digits: Any = None, digit_weight: float = 1.0) -> Any:
+    """Mean cross-entropy over the learnt tokens, a digit token (`digits`: their ids) weighing `digit_weight` times
+    the rest; the shared system block is run once for the batch."""
     import torch
     from transformers import DynamicCache
 
@@ -118,16 +120,22 @@ def _loss(model: Any, system: list[int], batch: list[tuple[list[int], list[bool]
     learnt = labels != -100
     # logits only where a token is learnt: the 49k-row head is a large part of the step
     logits = model.get_base_model().lm_head(hidden[learnt])
-    return torch.nn.functional.cross_entropy(logits.float(), labels[learnt])
+    if digit_weight == 1.0:
+        return torch.nn.functional.cross_entropy(logits.float(), labels[learnt])
+    # the call's numbers and the copied result are a few tokens among many a stage already predicts: weigh them up
+    target = labels[learnt]
+    weight = 1.0 + (digit_weight - 1.0) * torch.isin(target, digits).float()
+    ce = torch.nn.functional.cross_entropy(logits.float(), target, reduction="none")
+    return (ce * weight).sum() / weight.sum()
 
 
 def train(base: str, out_dir: str, *, threads: int = 1, steps: int | None = None, init: str | None = None,
-          skip: int = 0, lr: float | None = None, focus: int = 0, extended: int = 0,
+          skip: int = 0, lr: float | None = None, focus: int = 0, extended: int = 0, digit_weight: float = 1.0,
           log: Any = print) -> dict[str, Any]:
     """Train an adapter into `out_dir`; `init` continues from an adapter directory, past the first `skip` batches
     of the same seeded order (the rows it was trained on), at `lr`; `focus` trains on that many weak-spot chats
     (focus.py), `extended` on that many chats of the extended rules (corpus.chats), instead of the first
-    TRAIN["chats"]."""
+    TRAIN["chats"]; `digit_weight`: a digit token's weight in the loss."""
     import torch
     from peft import LoraConfig, get_peft_model
 
@@ -160,6 +168,7 @@ def train(base: str, out_dir: str, *, threads: int = 1, steps: int | None = None
         opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
     rng = random.Random(SEED)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    digits = torch.tensor(tok.convert_tokens_to_ids(list("0123456789")))
     order: list[tuple[str, list]] = []
     for _ in range(skip):
         if not order:
@@ -172,7 +181,7 @@ def train(base: str, out_dir: str, *, threads: int = 1, steps: int | None = None
             order = rows.batches(groups, TRAIN["batch"], rng)
         system, batch = order.pop()
         with torch.autocast("cpu", dtype=getattr(torch, TRAIN["autocast"])):
-            loss = _loss(model, system_ids[system], batch, pad)
+            loss = _loss(model, system_ids[system], batch, pad, digits, digit_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -189,6 +198,7 @@ def train(base: str, out_dir: str, *, threads: int = 1, steps: int | None = None
               "continued": {"from": os.path.basename(os.path.normpath(init)), "skip": skip} if init else None,
               "focus": {"chats": focus, "start": TRAIN["chats"], "pool": POOL} if focus else None,
               "extended": {"chats": extended, "seed": SEED} if extended else None,
+              "digit_weight": digit_weight,
               "threads": threads, "rows": sum(len(g) for g in groups.values()),
               "train_wall_s": round(time.monotonic() - t_train), "train_cpu_s": round(_cpu() - c_train),
               "total_wall_s": round(time.monotonic() - t0), "total_cpu_s": round(_cpu() - c0),
@@ -232,9 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, help=f"peak learning rate (default {TRAIN['lr']})")
     p.add_argument("--focus", type=int, default=0, help="train on this many weak-spot chats past the first set")
     p.add_argument("--extended", type=int, default=0, help="train on this many chats of the extended rules")
+    p.add_argument("--digit-weight", type=float, default=1.0, help="a digit token's weight in the loss")
     a = p.parse_args(argv)
     train(a.base, a.out, threads=a.threads, steps=a.steps, init=a.init, skip=a.skip, lr=a.lr, focus=a.focus,
-          extended=a.extended)
+          extended=a.extended, digit_weight=a.digit_weight)
     return 0
 
 

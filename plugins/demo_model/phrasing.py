@@ -70,7 +70,7 @@ def numbers_text(a: str, b: str, lang: str, rng: random.Random) -> tuple[str, st
     """Both operands as one person writes them in one question: both in digits, both in words ("fifty minus
     seventeen", "三百加两百"; a compound of tens hyphenated or spaced), or now and then one of each."""
     r = rng.random()
-    words = (False, False) if r < 0.45 else (True, True) if r < 0.9 else rng.choice([(True, False), (False, True)])
+    words = (False, False) if r < 0.35 else (True, True) if r < 0.9 else rng.choice([(True, False), (False, True)])
 
     def text(n: str, in_words: bool) -> str:
         if not in_words or not n.isdigit() or int(n) >= 10000:

@@ -48,12 +48,3 @@ ZH = [("你好", HELLO["zh"]), ("嗨！", HELLO["zh"]), ("您好！", HELLO["zh"
       ("你聪明吗？", None), ("我有3只猫。", "好多猫呀！"), ("我明天去北京。", "祝你旅途愉快！"), ("我喜欢晴天。", "晴天很舒服！"),
       ("下雪真美。", "是的！"), ("我不喜欢下雨。", "希望快点出太阳。"), ("你喜欢夏天吗？", None), ("数学难吗？", None),
       ("你会下棋吗？", None), ("我今天买了12个苹果。", "好好享用！"), ("电话是谁发明的？", None), ("企鹅住在哪里？", None)]
-
-# sentences that name a place without asking for its weather ("{c}": a city), with their replies (None: fallback)
-PLACE_EN = [("Where is {c}?", None), ("Have you ever been to {c}?", None), ("I'm flying to {c} tomorrow.",
-            "Have a good trip!"), ("{c} is a beautiful city.", "It sounds lovely!"), ("What country is {c} in?", None),
-            ("Tell me about {c}.", None), ("What is {c} famous for?", None), ("My sister lives in {c}.",
-            "That's nice!"), ("How far is {c} from here?", None), ("I grew up in {c}.", "That's nice!")]
-PLACE_ZH = [("{c}在哪里？", None), ("你去过{c}吗？", None), ("我明天飞{c}。", "祝你旅途愉快！"), ("{c}是一个美丽的城市。", "听起来很美！"),
-            ("{c}在哪个国家？", None), ("介绍一下{c}。", None), ("{c}有什么好吃的？", None), ("我姐姐住在{c}。", "真好！"),
-            ("{c}离这里多远？", None), ("我在{c}长大。", "真好！")]
