@@ -11,9 +11,14 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# NOTE: the CPU build of torch, pinned before anything can ask for an open range (which
 	# would pull a CUDA build of several GB).
-	$(PIP) install -q torch==2.13.0 numpy
+	$(PIP) install -q --no-compile torch==2.13.0 numpy
 	# every extra: the tests' (which hold scale, otel and cuda's packages) and the benchmarks' plots
-	$(PIP) install -q -e '.[test,bench]'
+	$(PIP) install -q --no-compile -e '.[test,bench]'
+	# NOTE: pip byte-compiles what it installs on one core (~34k files, ~1 min); here once, on every core. Exit
+	# status 1: a file in a newer Python's syntax (torch's testing/_internal/py312_intrinsics.py), which pip too
+	# leaves uncompiled.
+	$(PY) -m compileall -qq -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+	  || [ $$? -eq 1 ]
 	# the real GGUF models (the default model and the tests' second file), fetched once into the user cache
 	$(VENV)/bin/modelcall fetch-model smollm2 gemma3-270m
 	touch $(STAMP)

@@ -212,7 +212,7 @@ def test_two_threads_split_the_rows(kernel, threads, name):
 @functools.lru_cache(maxsize=None)
 def real_tensors(path: str) -> dict[str, tuple[np.ndarray, int]]:
     """name -> (the first 96 rows of the file's first 2-D tensor of that type, K); the file read once (Gemma's
-    262k-token vocabulary makes GGUFReader take ~20 s here, PlainGGUFReader half that)."""
+    262k-token vocabulary makes GGUFReader take ~20 s here, PlainGGUFReader a third of that)."""
     out = {}
     for t in PlainGGUFReader(path).tensors:
         name = t.tensor_type.name
