@@ -101,7 +101,7 @@ def int16_of(x: torch.Tensor) -> torch.Tensor:
     return (q.double() * d.double()).reshape(x.shape)
 
 
-@pytest.mark.parametrize("name", ("Q8_0", "Q4_0", "Q4_1", "Q5_1"))
+@pytest.mark.parametrize("name", ("Q8_0", "Q4_0", "Q4_1", "Q5_1", "Q4_K", "Q6_K"))
 def test_int16_activations_give_their_reconstruction_times_the_weight(name):
     """The exact int16 activations: the product is x's int16 reconstruction times the weight to fp32 rounding (a
     value off by one int16 step, such as a tie rounded the other way, is ~5e-6 of its row's largest output), at one row
@@ -115,7 +115,7 @@ def test_int16_activations_give_their_reconstruction_times_the_weight(name):
 
 
 def products_within(name: str, bound: float) -> None:
-    for n, k in ((960, 576), (576, 1536)):
+    for n, k in ((960, 576), (576, 1536)) if not name.endswith("_K") else ((640, 2048), (576, 1536)):
         w = plain(name, n, k)
         r = quant.repack_r16(w)
         for b in (1, 5, 16):

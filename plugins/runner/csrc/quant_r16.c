@@ -210,14 +210,6 @@ INLINE void r16_tile(const int base, const int nb, const uint8_t *p, int64_t G, 
     for (int b = 0; b < nb; b++) _mm512_storeu_ps(out + 16 * b, _mm512_add_ps(tot[b], tot2[b]));
 }
 
-/* lanes (2r, 2r + 1) of lo (rows 0-7) and hi (rows 8-15) summed into the 16 rows' lanes */
-INLINE __m512 r16_pairs(__m512 lo, __m512 hi) {
-    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-    return _mm512_add_ps(_mm512_permutex2var_ps(lo, even, hi), _mm512_permutex2var_ps(lo, odd, hi));
-}
-#define R16_PAIR_LO _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0)
-#define R16_PAIR_HI _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8)
 
 /* As r16_tile with x as int16 per 32 values (scale amax / 32767: an error of |x| / 65534, 256x below int8's, so
  * results stay within ~3e-5 of the fp32 path's), each value split into bytes, x = 256 xh + xl (xh = x >> 8 signed,
@@ -226,7 +218,7 @@ INLINE __m512 r16_pairs(__m512 lo, __m512 hi) {
  *   they are; Q8_0's u = q + 128 becomes q with one xor a chunk, for all nb rows)
  *   sum(q x) = 256 hi + lo - off, off = c sum(x) (Q4_0, Q5_0: lo took u), 32768 sum(xh) (Q8_0: lo took q), 0
  * all exact in int32 (|256 hi| < 2^28), one int32 a row and group as int8 x has. x's group g sits at xq + 64 g as
- * [xh: 32 bytes][xl: 32 bytes]; off is sh[b * G + g] (r16_split_group).
+ * [xh: 32 bytes][xl: 32 bytes]; off is sh[b * G + g] (r16_quantize_row).
  * NOTE: vpdpwssd on codes widened to 16 bits takes as many dot-product instructions, but with two widenings a chunk
  * and each row's sum in two lanes (folded per group and tile): 70 against 85-89 GMAC/s here (Zen 4 peak: 116, one
  * 512-bit dot product a cycle at 3.6 GHz), Q8_0, SmolLM2's four matrices x 30 layers, 128 rows, one thread. */
@@ -328,25 +320,25 @@ static r16_fn r16_kernel(int base, int x16) {
     }
 }
 
-/* x's 32 values at src as r16_tile16 takes them: quantize_group(src, 32767) (vectorized, the same bits: outside
- * -ffast-math as it is, where 1 / (amax / 32767) became 32767 / amax and moved ties), then split at out as
- * [q >> 8: 32 bytes][q & 255: 32 bytes]; the scale at *d, the values' sum at *sum; returns the offset r16_tile16
- * subtracts */
+/* x's 32 values at src as r16_tile16 and r16k_tile take them: quantize_group(src, 32767) (vectorized, the same bits:
+ * outside -ffast-math as it is, where 1 / (amax / 32767) became 32767 / amax and moved ties), then split at out as
+ * [q >> 8: 32 bytes][q & 255: 32 bytes]; the scale at *d, the sums of the first and last 16 values at half[0..1];
+ * returns the sum of the high bytes */
 #pragma GCC push_options
 #pragma GCC optimize("no-fast-math", "fp-contract=off")
-static int32_t r16_split_group(int base, const float *src, int8_t *out, float *d, int32_t *sum) {
+static int32_t r16_split_group(const float *src, int8_t *out, float *d, int32_t *half) {
     const __m512 a = _mm512_loadu_ps(src), b = _mm512_loadu_ps(src + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
     *d = amax / 32767.0f;
-    const __m512 id = _mm512_set1_ps(*d != 0.0f ? 1.0f / *d : 0.0f), half = _mm512_set1_ps(0.5f);
+    const __m512 id = _mm512_set1_ps(*d != 0.0f ? 1.0f / *d : 0.0f), half_step = _mm512_set1_ps(0.5f);
     __m512i q[2];
     for (int h = 0; h < 2; h++) {   /* as quantize_group: truncate, then round half away from zero */
         const __m512 v = _mm512_mul_ps(h ? b : a, id);
         const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(v, t);
         const __m512i one = _mm512_set1_epi32(1);
         q[h] = _mm512_cvttps_epi32(t);
-        q[h] = _mm512_mask_add_epi32(q[h], _mm512_cmp_ps_mask(f, half, _CMP_GE_OQ), q[h], one);
-        q[h] = _mm512_mask_sub_epi32(q[h], _mm512_cmp_ps_mask(f, _mm512_sub_ps(_mm512_setzero_ps(), half),
+        q[h] = _mm512_mask_add_epi32(q[h], _mm512_cmp_ps_mask(f, half_step, _CMP_GE_OQ), q[h], one);
+        q[h] = _mm512_mask_sub_epi32(q[h], _mm512_cmp_ps_mask(f, _mm512_sub_ps(_mm512_setzero_ps(), half_step),
                                                                 _CMP_LE_OQ), q[h], one);
     }
     const __m512i hi0 = _mm512_srai_epi32(q[0], 8), hi1 = _mm512_srai_epi32(q[1], 8);
@@ -354,14 +346,15 @@ static int32_t r16_split_group(int base, const float *src, int8_t *out, float *d
     _mm_storeu_si128((__m128i *)(out + 16), _mm512_cvtepi32_epi8(hi1));
     _mm_storeu_si128((__m128i *)(out + 32), _mm512_cvtepi32_epi8(q[0]));   /* the low bytes: q & 255 */
     _mm_storeu_si128((__m128i *)(out + 48), _mm512_cvtepi32_epi8(q[1]));
-    *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
-    return base == GT_Q8_0 ? 32768 * _mm512_reduce_add_epi32(_mm512_add_epi32(hi0, hi1))
-                           : r16_code_offset(base) * *sum;
+    half[0] = _mm512_reduce_add_epi32(q[0]);
+    half[1] = _mm512_reduce_add_epi32(q[1]);
+    return _mm512_reduce_add_epi32(_mm512_add_epi32(hi0, hi1));
 }
 #pragma GCC pop_options
 
-/* row b of x quantized per 32 values for r16_qmatmul's kernels: int16 (x16) split for r16_tile16, int16 for the K
- * formats' (with the halves' sums at sh), or int8 */
+/* row b of x quantized per 32 values for r16_qmatmul's kernels: int16 (x16) split into bytes, or int8; per group
+ * its scale (dx), sum (sq) and at sh: the K formats' half sums (2 a group), the 32-weight formats' offset (int16
+ * x: r16_tile16's; int8 x: the half sums, unread) */
 static void r16_quantize_row(int base, int x16, const void *x, int x_bf16, int64_t xs, int64_t b, int64_t K,
                              int8_t *xq, float *dx, int32_t *sq, int32_t *sh) {
     const int64_t G = K / 32;
@@ -369,24 +362,25 @@ static void r16_quantize_row(int base, int x16, const void *x, int x_bf16, int64
         float v[32];
         const float *src = x_group(x, x_bf16, xs, b, g, v);
         const int64_t i = b * G + g;
-        int32_t first = 0;
-        if (x16 && !r16_k_format(base)) {
-            sh[i] = r16_split_group(base, src, xq + 2 * b * K + 64 * g, dx + i, sq + i);
-            continue;
-        }
+        int32_t half[2];
         if (x16) {
-            int16_t *q = (int16_t *)xq + b * K + 32 * g;
-            sq[i] = quantize_group(src, 32767.0f, q, dx + i);
-            for (int j = 0; j < 16; j++) first += q[j];
+            const int32_t sum_hi = r16_split_group(src, xq + 2 * b * K + 64 * g, dx + i, half);
+            sq[i] = half[0] + half[1];
+            if (!r16_k_format(base)) {
+                sh[i] = base == GT_Q8_0 ? 32768 * sum_hi : r16_code_offset(base) * sq[i];
+                continue;
+            }
         } else {
             uint16_t dh;
             int8_t *q = xq + b * K + 32 * g;
             sq[i] = quantize_x_group(src, q, &dh);
             dx[i] = h2f(dh);
-            for (int j = 0; j < 16; j++) first += q[j];
+            half[0] = 0;
+            for (int j = 0; j < 16; j++) half[0] += q[j];
+            half[1] = sq[i] - half[0];
         }
-        sh[2 * i] = first;
-        sh[2 * i + 1] = sq[i] - first;
+        sh[2 * i] = half[0];
+        sh[2 * i + 1] = half[1];
     }
 }
 

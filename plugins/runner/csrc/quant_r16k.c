@@ -123,8 +123,8 @@ INLINE __m512 bytes16_ps(const uint8_t *p, int sign) {   /* 16 bytes (u8 or int8
 INLINE void r16k_tile(const int base, const int x16, const int32_t *sh, const int nb, const uint8_t *p, int64_t G,
                       int64_t tb, const int8_t *xq, int64_t xrow, const float *dx, const int32_t *sq, float *out) {
     const int hdr = base == GT_Q4_K ? 320 : 288, gbytes = base == GT_Q4_K ? 256 : 384, q6 = base == GT_Q6_K;
-    __m512 tot[R16_NB], tlo[R16_NB], thi[R16_NB];
-    for (int b = 0; b < nb; b++) tot[b] = tlo[b] = thi[b] = _mm512_setzero_ps();
+    __m512 tot[R16_NB];
+    for (int b = 0; b < nb; b++) tot[b] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
         const uint8_t *sbp = p + (g >> 3) * tb, *codes = sbp + hdr + (g & 7) * gbytes;
         const int s = (int)(g & 7);
@@ -159,46 +159,38 @@ INLINE void r16k_tile(const int base, const int x16, const int32_t *sh, const in
                 tot[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[b]), _mm512_mul_ps(sa, xs),
                                          _mm512_fmadd_ps(_mm512_cvtepi32_ps(bb[b]), _mm512_mul_ps(sb, xs), tot[b]));
             }
-        } else {      /* lanes = (row, pair of weights): rows 0-7 in lo*, 8-15 in hi* (see r16_tile16) */
-            __m512i loa[R16_NB], hia[R16_NB], lob[R16_NB], hib[R16_NB];
-            for (int b = 0; b < nb; b++) loa[b] = hia[b] = lob[b] = hib[b] = _mm512_setzero_si512();
+        } else {      /* x split into its bytes (r16_tile16): high against the codes, low with them; lanes = rows */
+            __m512i ah[R16_NB], al[R16_NB], bh[R16_NB], bl[R16_NB];
+            for (int b = 0; b < nb; b++) ah[b] = al[b] = bh[b] = bl[b] = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
                 __m512i lo, hi;
                 r16k_codes(base, codes, c, &lo, &hi);
-                const __m512i l0 = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(lo));
-                const __m512i l1 = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(lo, 1));
-                const __m512i h0 = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(hi));
-                const __m512i h1 = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(hi, 1));
                 for (int b = 0; b < nb; b++) {
-                    const int64_t *x8 = (const int64_t *)((const int16_t *)(xq + b * xrow) + 32 * g);
-                    const __m512i xa = _mm512_set1_epi64(x8[c]), xb = _mm512_set1_epi64(x8[4 + c]);
-                    loa[b] = _mm512_dpwssd_epi32(loa[b], l0, xa);
-                    hia[b] = _mm512_dpwssd_epi32(hia[b], l1, xa);
+                    const int32_t *x4 = (const int32_t *)(xq + b * xrow + 64 * g);   /* [high: 8][low: 8] */
+                    ah[b] = _mm512_dpbusd_epi32(ah[b], lo, _mm512_set1_epi32(x4[c]));
+                    al[b] = _mm512_dpbusd_epi32(al[b], _mm512_set1_epi32(x4[8 + c]), lo);
                     if (q6) {
-                        lob[b] = _mm512_dpwssd_epi32(lob[b], h0, xb);
-                        hib[b] = _mm512_dpwssd_epi32(hib[b], h1, xb);
+                        bh[b] = _mm512_dpbusd_epi32(bh[b], hi, _mm512_set1_epi32(x4[4 + c]));
+                        bl[b] = _mm512_dpbusd_epi32(bl[b], _mm512_set1_epi32(x4[12 + c]), hi);
                     } else {   /* one scale for both halves */
-                        loa[b] = _mm512_dpwssd_epi32(loa[b], h0, xb);
-                        hia[b] = _mm512_dpwssd_epi32(hia[b], h1, xb);
+                        ah[b] = _mm512_dpbusd_epi32(ah[b], hi, _mm512_set1_epi32(x4[4 + c]));
+                        al[b] = _mm512_dpbusd_epi32(al[b], _mm512_set1_epi32(x4[12 + c]), hi);
                     }
                 }
             }
-            const __m512 salo = _mm512_permutexvar_ps(R16_PAIR_LO, sa), sahi = _mm512_permutexvar_ps(R16_PAIR_HI, sa);
-            const __m512 sblo = _mm512_permutexvar_ps(R16_PAIR_LO, sb), sbhi = _mm512_permutexvar_ps(R16_PAIR_HI, sb);
             for (int b = 0; b < nb; b++) {
                 const __m512 xs = _mm512_set1_ps(dx[b * G + g]);
-                tlo[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(loa[b]), _mm512_mul_ps(salo, xs), tlo[b]);
-                thi[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hia[b]), _mm512_mul_ps(sahi, xs), thi[b]);
+                const __m512i a = _mm512_add_epi32(_mm512_slli_epi32(ah[b], 8), al[b]);
+                tot[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(sa, xs), tot[b]);
                 if (q6) {
-                    tlo[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lob[b]), _mm512_mul_ps(sblo, xs), tlo[b]);
-                    thi[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hib[b]), _mm512_mul_ps(sbhi, xs), thi[b]);
+                    const __m512i bb = _mm512_add_epi32(_mm512_slli_epi32(bh[b], 8), bl[b]);
+                    tot[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(bb), _mm512_mul_ps(sb, xs), tot[b]);
                 }
             }
         }
     }
-    for (int b = 0; b < nb; b++)
-        _mm512_storeu_ps(out + 16 * b, x16 ? _mm512_add_ps(tot[b], r16_pairs(tlo[b], thi[b])) : tot[b]);
+    for (int b = 0; b < nb; b++) _mm512_storeu_ps(out + 16 * b, tot[b]);
 }
 
 static void r16k_q4k_8(R16_ARGS) { R16_ROWS(r16k_tile, GT_Q4_K, 0, sh) }
