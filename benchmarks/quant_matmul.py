@@ -2,6 +2,8 @@
 
     taskset -c 1 .venv/bin/python benchmarks/quant_matmul.py [--batch 1 8] [--types Q4_1 Q8_0] [--seconds 0.3]
     taskset -c 1 .venv/bin/python benchmarks/quant_matmul.py --crossover     # QuantLinear's dense threshold
+    taskset -c 1 .venv/bin/python benchmarks/quant_matmul.py --against REV [--types Q8_0] [--batch 1 16 128]
+        # the r16 kernels of commit REV against the working tree's, alternated in one process
 
 Per type and shape (N, K): microseconds per call and GB/s of weight bytes read; with int8=True beside it where built (x as Q8_0); SmolLM2-135M's shapes for the
 32-weight formats, Gemma 3 270M's for the K formats (K a multiple of 256). One thread; a short loop, the median
@@ -11,7 +13,9 @@ spends descheduled on a shared machine is not counted (--wall: the wall clock); 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
 import time
 
 import numpy as np
@@ -95,19 +99,73 @@ def crossover(seconds: float) -> None:
             print(f"{name:6} {f'{n}x{k}':>12} {t:>6} {tq * 1e6:10.1f} {tdb * 1e6:11.1f} {tdf * 1e6:11.1f}", flush=True)
 
 
+# one SmolLM2 decode token's matrices: q|k|v, o, gate|up, down x 30 layers (distinct weights: read from memory, as
+# in a model), and the tied output projection; Gemma-like shapes for the K formats (K a multiple of 256)
+LAYER = {"32": [(960, 576), (576, 576), (3072, 576), (576, 1536)], "K": [(1024, 1024), (640, 2048), (2048, 1024)]}
+HEAD = {"32": (49152, 576), "K": (16384, 1024)}
+
+
+def built_at(rev: str):
+    """The quantized kernels' library as commit `rev`'s sources build it."""
+    from modelcall.core import native
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    parts = [f"/* ---- {name} ---- */\n" + subprocess.run(
+        ["git", "show", f"{rev}:plugins/runner/csrc/{name}"], cwd=repo, capture_output=True, text=True,
+        check=True).stdout for name in Q._FILES]
+    lib = native.compile_library(f"quant_at_{rev}", "\n".join(parts))
+    Q._declare(lib)
+    return lib
+
+
+def against(rev: str, types: list[str], batches: list[int], layers: int = 30) -> None:
+    """r16 weights' matmuls with `rev`'s kernels (A) and the working tree's (B), alternated call for call: ms per
+    token step (min of 7 rounds) and A / B, per part (the layers, the output projection)."""
+    libs = {"A": built_at(rev), "B": Q.load()}
+    print(f"A = {rev}, B = the working tree; r16 weights, x fp32, one thread")
+    for name in types:
+        fam = "K" if name.endswith("_K") else "32"
+        parts = {"layers": [Q.repack_r16(weight(name, n, k)) for n, k in LAYER[fam] * layers],
+                 "head": [Q.repack_r16(weight(name, *HEAD[fam]))]}
+        for b in batches:
+            xs = {k: torch.randn(b, k) for k in {w.shape[1] for ws in parts.values() for w in ws}}
+            for part, ws in parts.items():
+                outs = [torch.empty(b, w.shape[0]) for w in ws]
+
+                def step(lib, ws=ws, outs=outs) -> None:
+                    for w, o in zip(ws, outs):
+                        n, k = w.shape
+                        rc = lib.quant_qmatmul(w.qtype, w.data.data_ptr(), w.data.shape[1], n, k, xs[k].data_ptr(),
+                                               0, k, b, o.data_ptr(), 0, n, None, 1)
+                        assert rc == 0, rc
+
+                best = {"A": float("inf"), "B": float("inf")}
+                for _ in range(7):
+                    for side, lib in libs.items():
+                        t0 = CLOCK()
+                        step(lib)
+                        best[side] = min(best[side], CLOCK() - t0)
+                macs = sum(w.shape[0] * w.shape[1] for w in ws) * b
+                a, bt = best["A"], best["B"]
+                print(f"{name:6} {part:6} {b:>4} rows: A {a * 1e3:8.2f} ms ({macs / a / 1e9:5.1f} GMAC/s)  "
+                      f"B {bt * 1e3:8.2f} ms ({macs / bt / 1e9:5.1f})  A / B {a / bt:.2f}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--types", nargs="+", default=["Q4_1", "Q8_0", "Q4_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"])
     ap.add_argument("--batch", nargs="+", type=int, default=[1, 8])
     ap.add_argument("--seconds", type=float, default=0.3)
     ap.add_argument("--crossover", action="store_true")
+    ap.add_argument("--against", metavar="REV", help="r16 kernels: commit REV's against the working tree's")
     ap.add_argument("--wall", action="store_true", help="time by the wall clock, not the thread's CPU time")
     args = ap.parse_args()
     global CLOCK
     CLOCK = time.perf_counter if args.wall else time.thread_time
     torch.set_num_threads(1)
     print(f"kernel path: {['portable C', 'AVX-512', 'AVX2'][Q.load().quant_path()]}, torch {torch.__version__}")
-    if args.crossover:
+    if args.against:
+        against(args.against, args.types, args.batch)
+    elif args.crossover:
         crossover(args.seconds)
     else:
         speed(args.types, args.batch, args.seconds)
