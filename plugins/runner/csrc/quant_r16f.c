@@ -96,6 +96,14 @@ static void r16f_dequantize_tile(int base, const uint8_t *w, int64_t t, int64_t 
         }
 }
 
+#if defined(QV512)
+/* one k's 16 weights of a tile, widened to fp32 (F16 by cvtph, BF16 by a shift into the high half) */
+INLINE __m512 r16f_widen(const int base, const uint16_t *p) {
+    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return base == GT_F16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
 /* o[r] = tile row r . x, r < 16 */
 INLINE void r16f_tile(const int base, const uint16_t *p, int64_t K, const float *x, float *o) {
 #if defined(QV512)
@@ -104,17 +112,11 @@ INLINE void r16f_tile(const int base, const uint16_t *p, int64_t K, const float 
     for (; k + 4 <= K; k += 4) {
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
-            const __m256i h = _mm256_loadu_si256((const __m256i *)(p + 16 * (k + i)));
-            const __m512 wv = base == GT_F16 ? _mm512_cvtph_ps(h)
-                                             : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-            a[i] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[k + i]), a[i]);
+            a[i] = _mm512_fmadd_ps(r16f_widen(base, p + 16 * (k + i)), _mm512_set1_ps(x[k + i]), a[i]);
         }
     }
     for (; k < K; k++) {
-        const __m256i h = _mm256_loadu_si256((const __m256i *)(p + 16 * k));
-        const __m512 wv = base == GT_F16 ? _mm512_cvtph_ps(h)
-                                         : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-        a[0] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[k]), a[0]);
+        a[0] = _mm512_fmadd_ps(r16f_widen(base, p + 16 * k), _mm512_set1_ps(x[k]), a[0]);
     }
     _mm512_storeu_ps(o, _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
 #else
@@ -125,11 +127,6 @@ INLINE void r16f_tile(const int base, const uint16_t *p, int64_t K, const float 
 }
 
 #if defined(QV512)
-INLINE __m512 r16f_widen(const int base, const uint16_t *p) {
-    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
-    return base == GT_F16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
 /* MR rows of x (row stride xs) times one tile: o[i * 16 + r] = tile row r . x row i. Each weight vector is widened
  * once for the MR rows (MR sums in registers), where r16f_tile widens it again for every row: a prefill chunk's
  * matmul straight from the r16 layout, which is already a GEMM's packed 16-column panel (MKL packs its dequantized
