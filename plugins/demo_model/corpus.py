@@ -225,6 +225,22 @@ def _arithmetic(rng: random.Random, lang: str, banned: set[str], extended: bool 
     return arithmetic_chat(rng, expression, lang, question)
 
 
+def _chinese_numerals(rng: random.Random, banned: set[str]) -> dict[str, Any]:
+    """(extended rules) A question in Chinese with its numbers as Chinese numerals (phrasing.chinese_numeral_question):
+    the adapter read 五十 as 5 and 三百 as 3 when the rules wrote English number words far more often."""
+    while True:
+        op = rng.choice(OPS)
+        a, b = phrasing.chinese_numeral(rng), phrasing.chinese_numeral(rng)
+        if op == "/":
+            b = rng.choice((2, 3, 4, 5, 6, 8, 10, 12, 20, 25, 50, 100)) if rng.random() < 0.6 else max(2, b % 100)
+            a = b * phrasing.chinese_numeral(rng) if rng.random() < 0.7 else a
+            if a >= 10000:
+                continue
+        expression = f"{a} {op} {b}"
+        if expression not in banned:
+            return arithmetic_chat(rng, expression, "zh", phrasing.chinese_numeral_question(rng, a, op, b))
+
+
 def _city(rng: random.Random, lang: str, banned: set[str], extended: bool = False) -> str:
     while True:
         if rng.random() < 0.45:
@@ -255,15 +271,19 @@ def chats(n: int, seed: int = 0, extended: bool = False) -> Iterator[dict[str, A
     English (60%) or Chinese; no held_out() expression and no expression or city of the evaluation split.
     `extended`: the paraphrase rules added for the agent adapter's third stage -- round operands, a question's
     numbers all in words or all in digits, compounds of tens spaced or hyphenated, bracketed expressions,
-    multi-word, hyphenated and longer made-up cities, weather asked as a noun phrase (without it the stream is the
-    one earlier stages and the tiny model were trained on)."""
+    multi-word, hyphenated and longer made-up cities (Han names often ending in a character that also starts ordinary
+    text), weather asked as a noun phrase, as yes/no or "what's it like outside", and (10% of chats) Chinese
+    questions whose numbers are Chinese numerals (without it the stream is the one earlier stages and the tiny model
+    were trained on)."""
     rng = random.Random(seed)
     eval_expressions, eval_cities = banned_for_training()
     banned = set(held_out()) | eval_expressions
     for _ in range(n):
         lang = "en" if rng.random() < 0.6 else "zh"
         kind = rng.random()
-        if kind < 0.42:
+        if extended and rng.random() < 0.1:
+            yield _chinese_numerals(rng, banned)
+        elif kind < 0.42:
             yield _arithmetic(rng, lang, banned, extended)
         elif kind < 0.8:
             yield _weather(rng, lang, eval_cities, extended)

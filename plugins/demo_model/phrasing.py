@@ -58,6 +58,85 @@ NOUN_WEATHER_EN = ["current conditions in {c}", "weather now in {c}", "today's w
                    "temperatures today in {c}", "rain forecast for {c}", "weather conditions in {c} today"]
 
 
+# yes/no and "what's it like outside" weather questions, crossed: a frame, a condition, a time (extended rules;
+# the adapter answered "is it raining in X" and "what's it like outside in X" without a call)
+YESNO_FRAME_EN = ["is it {w} in {c}", "is it {w} out in {c}", "is it {w} outside in {c}", "will it be {w} in {c}",
+                  "is it going to be {w} in {c}", "is it still {w} in {c}", "is it {w} over in {c}",
+                  "would it be {w} in {c}", "any chance it's {w} in {c}", "is {c} {w}"]
+YESNO_WORD_EN = ["raining", "snowing", "sunny", "cold", "hot", "warm", "windy", "foggy", "cloudy", "freezing",
+                 "nice", "chilly", "humid", "stormy", "dry", "wet", "clear"]
+VERB_WEATHER_EN = ["will it rain in {c}", "will it snow in {c}", "does it rain in {c}",
+                   "should I take an umbrella to {c}", "should I bring a jacket in {c}", "do I need sunglasses in {c}",
+                   "can I go out without a coat in {c}", "is the weather good in {c}", "is the weather bad in {c}",
+                   "is it a nice day in {c}"]
+OUTSIDE_EN = ["what's it like outside in {c}", "what is it like outside in {c}", "how is it outside in {c}",
+              "how's it outside in {c}", "what's it like out in {c}", "how does it look outside in {c}",
+              "what's it doing outside in {c}", "how are things outside in {c}", "what's the sky like in {c}",
+              "what's it like there in {c}", "how's the day looking in {c}", "what should I wear in {c}"]
+YESNO_ZH = ["{c}{t}{w}吗", "{c}{t}{w}了吗", "{c}{t}会{w}吗", "{c}{t}会不会{w}", "{c}{t}有没有{w}", "{c}{t}是不是在{w}",
+            "{c}{t}{w}不{w}"]
+YESNO_WORD_ZH = ["下雨", "下雪", "冷", "热", "晴", "刮风", "有雾", "暖和", "凉快", "出太阳"]
+OUTSIDE_ZH = ["{c}{t}外面怎么样", "{c}{t}外面冷吗", "{c}{t}外面热不热", "{c}{t}外边天气好吗", "{c}{t}外头什么情况",
+              "{c}{t}出门要带伞吗", "{c}{t}出门穿什么", "{c}{t}天气好不好", "{c}{t}适合出门吗", "{c}{t}天怎么样",
+              "{c}{t}是什么天", "{c}{t}阴天还是晴天"]
+TIME_ZH = ["", "", "现在", "今天", "今天的", "这会儿", "明天", "目前", "那边", "外面"]
+
+
+def yes_no_weather_question(rng: random.Random, city: str, lang: str) -> str:
+    """A weather question asked as yes/no or as "what's it like outside": a frame crossed with a condition and a time
+    (Chinese: the time, 现在/今天/..., written straight after the city, no space, as people do)."""
+    if lang == "en":
+        r = rng.random()
+        if r < 0.5:
+            core = rng.choice(YESNO_FRAME_EN).format(w=rng.choice(YESNO_WORD_EN), c=city)
+        elif r < 0.7:
+            core = rng.choice(VERB_WEATHER_EN).format(c=city)
+        else:
+            core = rng.choice(OUTSIDE_EN).format(c=city)
+        return _finish_en(rng, core + rng.choice(WHEN_EN), LEAD_WEATHER_EN, TAIL_EN[:8])
+    t = rng.choice(TIME_ZH)
+    frame = rng.choice(YESNO_ZH) if rng.random() < 0.55 else rng.choice(OUTSIDE_ZH)
+    word = rng.choice(YESNO_WORD_ZH[:6] if "不{w}" in frame else YESNO_WORD_ZH)   # 下雨不下雨, not 有雾不有雾
+    core = frame.replace("{w}", word).format(c=city, t=t)
+    if city[:1].isascii() and rng.random() < 0.3:
+        core = core.replace(city, city + " ", 1)
+    return _finish_zh(rng, rng.choice(["", "", "", "请问", "你好，", "问一下，"]) + core)
+
+
+def chinese_numeral(rng: random.Random) -> int:
+    """An operand for a question written in Chinese numerals: units, 十-teens, tens round and compound, hundreds round,
+    with 零 or with tens, thousands round and compound."""
+    r = rng.random()
+    if r < 0.15:
+        return rng.randint(1, 9)
+    if r < 0.3:
+        return rng.randint(10, 19)
+    if r < 0.45:
+        return rng.randint(2, 9) * 10
+    if r < 0.6:
+        return rng.randint(21, 99)
+    if r < 0.75:
+        return rng.randint(1, 9) * 100
+    if r < 0.88:
+        return rng.randint(1, 9) * 100 + rng.choice((rng.randint(1, 9), rng.randint(1, 9) * 10, rng.randint(11, 99)))
+    return rng.randint(1, 9) * 1000 + rng.choice((0, 0, rng.randint(1, 9) * 100, rng.randint(1, 999)))
+
+
+def chinese_numeral_question(rng: random.Random, a: int, op: str, b: int) -> str:
+    """A Chinese question whose numbers are Chinese numerals (both, mostly; now and then one in digits): 五十减十七,
+    三百加两百, 二十五乘以四, 一百零五除以五, the operation a Chinese word, written close or spaced."""
+    r = rng.random()
+    words = (True, True) if r < 0.85 else rng.choice([(True, False), (False, True)])
+    x_a = chinese(a, rng) if words[0] else str(a)
+    x_b = chinese(b, rng) if words[1] else str(b)
+    if rng.random() < 0.12:
+        x = rng.choice(VERB_ZH[op]).format(a=x_a, b=x_b)
+    else:
+        word = rng.choice(OP_WORDS_ZH[op][:2] * 3 + OP_WORDS_ZH[op][2:])
+        x = f"{x_a} {word} {x_b}" if rng.random() < 0.25 else f"{x_a}{word}{x_b}"
+    return _finish_zh(rng, rng.choice(ASK_ZH).format(x=x))
+
+
 def number_text(n: str, lang: str, rng: random.Random) -> str:
     """An operand as the question writes it: its digits, or (a whole number below 10,000, sometimes)
     its words in the question's language."""
@@ -117,13 +196,15 @@ def weather_question(rng: random.Random, city: str, lang: str, extended: bool = 
     `extended`: some English questions are a bare noun phrase whose first word is capitalized like a name."""
     if extended and lang == "en" and rng.random() < 0.2:
         return _finish_en(rng, rng.choice(NOUN_WEATHER_EN).format(c=city), [""], TAIL_EN[:8])
+    if extended and rng.random() < 0.3:
+        return yes_no_weather_question(rng, city, lang)
     if lang == "en":
         if rng.random() < 0.25:
             core = rng.choice(POLITE_EN) + rng.choice(DO_WEATHER_EN)
         else:
             core = rng.choice(ASK_WEATHER_EN)
         return _finish_en(rng, core.format(c=city) + rng.choice(WHEN_EN), LEAD_WEATHER_EN, TAIL_EN[:8])
-    when = rng.choice(WHEN_ZH)
+    when = rng.choice(WHEN_ZH + WHEN_ZH[3:] if extended else WHEN_ZH)   # extended: a time after the name more often
     core = rng.choice(ASK_WEATHER_ZH)
     core = core.replace("{c}", "{c}" + when, 1) if core.startswith("{c}") else core
     if city[:1].isascii() and rng.random() < 0.3:

@@ -66,6 +66,10 @@ HAN_NAME_CHARS = ("阿埃艾爱安奥澳巴班邦堡北贝本比彼波伯博布�
                   "皮平普齐奇乔切青清琼泉萨塞桑森沙山上圣施石斯松苏索塔泰坦汤特提天通图托瓦万威维温文沃乌"
                   "武西希夏厦仙香肖谢新休雅亚延扬阳耶伊英尤约云泽扎珠州庄日满岛昆春长安城江宁庆那")
 
+# last characters of transliterated names, several of them also common in ordinary text (那边, 都是, 里面, 多少):
+# the extended rules end a third of the made-up Han names with one, and often write 现在/今天/的天气 straight
+# after the name, so the call learns where a name stops
+HAN_FINALS = "那都斯亚尔拉克多里城山港堡德特纳瓦丁森诺"
 
 # how people write multi-word and hyphenated place names; "{w}" and "{v}" are made-up words
 _COMPOUNDS = ["{w} {v}", "{w}-{v}", "Saint-{w}", "{w}-sur-Mer", "{w}-on-Sea", "Port-au-{w}", "{w} City",
@@ -74,11 +78,14 @@ _COMPOUNDS = ["{w} {v}", "{w}-{v}", "Saint-{w}", "{w}-sur-Mer", "{w}-on-Sea", "P
 
 def made_up_city(rng: random.Random, lang: str, extended: bool = False) -> str:
     """A city name that is in no list: syllables (English) or 2-4 place-name characters (Chinese); `extended`:
-    Chinese names of 2-5 characters, longer ones as often as short, and a quarter of English names multi-word or
-    hyphenated (`_COMPOUNDS`)."""
+    Chinese names of 2-5 characters, longer ones as often as short, a third ending in one of HAN_FINALS, and a
+    quarter of English names multi-word or hyphenated (`_COMPOUNDS`)."""
     if lang == "zh":
         sizes = (2, 3, 3, 4, 4, 5) if extended else (2, 2, 3, 3, 4)
-        return "".join(rng.choice(HAN_NAME_CHARS) for _ in range(rng.choice(sizes)))
+        name = "".join(rng.choice(HAN_NAME_CHARS) for _ in range(rng.choice(sizes)))
+        if extended and rng.random() < 0.35:   # a last character that ordinary text also uses after a name
+            name = name[:-1] + rng.choice(HAN_FINALS)
+        return name
     if extended and rng.random() < 0.25:
         return rng.choice(_COMPOUNDS).format(w=_word(rng), v=_word(rng))
     word = _word(rng)
