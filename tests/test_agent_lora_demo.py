@@ -25,7 +25,7 @@ TOOLS = ["modelcall.plugins.demo_model.tools:calculator", "modelcall.plugins.dem
 BIN = os.path.join(os.path.dirname(sys.executable), "modelcall")
 # Of the split's 20-question slice (every sixth), what the committed adapter answers right through the agent
 # (docs/demo-model.md); the base model without it answers 1 (a no-tool chat). A floor to raise, never lower.
-SLICE_RIGHT = 18
+SLICE_RIGHT = 19
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +110,9 @@ def test_training_prompts_are_what_the_server_renders_for_the_agent(served):
 
 
 def test_the_committed_adapter_is_small_and_trained_on_the_generator_apart_from_the_split():
-    """A few MB in the repository, the recipe its record names, and its chats a prefix of the corpus the
-    apartness test of test_trained_demo_eval.py checks (seed 0, within its 20,000 chats)."""
+    """A few MB in the repository, the recipe its record names (both stages on the extended rules, digits weighed
+    up), and its chats the first of the extended stream that test_trained_demo_eval.py checks apart from the split
+    (seed 0, 4,000 chats)."""
     from modelcall.plugins.demo_model.train import SEED, TRAIN as TINY_TRAIN
     size = sum(os.path.getsize(os.path.join(ADAPTER_DIR, n)) for n in os.listdir(ADAPTER_DIR))
     assert size <= 4 * 2**20
@@ -121,5 +122,8 @@ def test_the_committed_adapter_is_small_and_trained_on_the_generator_apart_from_
     with open(os.path.join(ADAPTER_DIR, RECORD), encoding="utf-8") as f:
         record = json.load(f)
     assert record["seed"] == SEED and record["train"]["chats"] == TRAIN["chats"] <= TINY_TRAIN["chats"]
-    head = training_chats(5, SEED)
-    assert [c["messages"][0] for c in head] == [c["messages"][0] for c in corpus.chats(5, seed=SEED)]
+    assert [s["extended"] for s in record["stages"]] == [{"chats": TRAIN["chats"], "seed": SEED}] * 2
+    assert [s["digit_weight"] for s in record["stages"]] == [4.0, 4.0]
+    assert record["process_cpu_s"] < 30 * 60   # the whole recipe, loading and rendering included
+    head = training_chats(TRAIN["chats"], SEED, extended=TRAIN["chats"])[:5]
+    assert [c["messages"][0] for c in head] == [c["messages"][0] for c in corpus.chats(5, seed=SEED, extended=True)]

@@ -2,10 +2,13 @@
 default, taught the two demo tools by a PEFT LoRA on the corpus's varied chats, so `modelcall serve` of the GGUF file
 plus the adapter answers the hand-written split through `modelcall agent`.
 
-    python -m modelcall.plugins.demo_model.lora_train --base SmolLM2-135M-Instruct.Q4_1.gguf --out STAGE1
-    python -m modelcall.plugins.demo_model.lora_train --base ... --out DIR --init STAGE1 --skip 200 --steps 100 --lr 4e-4
+    python -m modelcall.plugins.demo_model.lora_train --base SmolLM2-135M-Instruct.Q4_1.gguf --out STAGE1 \\
+        --extended 4000 --digit-weight 4 --threads 1
+    python -m modelcall.plugins.demo_model.lora_train --base ... --out DIR --init STAGE1 --skip 200 --steps 100 \\
+        --lr 4e-4 --extended 4000 --digit-weight 4 --threads 1
 
-(the committed adapter, `agent_lora/`, is the second stage: 100 more steps over the rows the first did not reach).
+(the committed adapter, `agent_lora/`, is the second stage: 100 more steps over the rows the first did not reach,
+both stages on the extended rules' chats, corpus.chats(extended=True), a digit weighing 4 in the loss).
 
 Why a pretrained model and not the tiny one trained from scratch (`train.py`): the tiny model never saw a phrasing,
 a number word or a city outside its generator, and a name it must copy is 4-7 pieces it loses its place in; a
