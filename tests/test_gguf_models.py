@@ -56,15 +56,18 @@ def real(request):
     del model
 
 
-async def test_next_token_logits_over_1024_tokens_agree_with_transformers(real):
+@pytest.mark.parametrize("kv", ["float32", "auto"])
+async def test_next_token_logits_over_1024_tokens_agree_with_transformers(real, kv):
+    """Both KV caches: fp32, and the default for a GGUF file on CPU (bf16, half the bytes attention reads)."""
     name, path, ref, tok = real
     ids = tok(_long_text(), add_special_tokens=True).input_ids[:1024]
     assert len(ids) == 1024
     with torch.inference_mode():
         want = torch.log_softmax(ref(torch.tensor([ids]), use_cache=False).logits[0].float(), -1)
     top = 8
-    async with Kernel(model=path, dtype="float32", kv_cache_dtype="float32", kv_cache_memory_gb=KV_GB,
+    async with Kernel(model=path, dtype="float32", kv_cache_dtype=kv, kv_cache_memory_gb=KV_GB,
                       max_model_len=2048, max_num_batched_tokens=QUANT_CHUNK) as k:
+        assert k.runner.placement.kv_dtype == (torch.float32 if kv == "float32" else torch.bfloat16)
         got = None
         async for ev in k.generate(prompt_token_ids=ids, max_tokens=1, temperature=0, prompt_logprobs=top):
             if type(ev).__name__ == "PromptLogprobs":
@@ -78,7 +81,7 @@ async def test_next_token_logits_over_1024_tokens_agree_with_transformers(real):
         agree += ours.top[0].token_id == ref_top
         deltas.append(abs(mine[ref_top] - float(want[t, ref_top])) if ref_top in mine else 10.0)
     rate, mean = agree / (len(ids) - 1), sum(deltas) / len(deltas)
-    print(f"{name}: top-1 agreement {rate:.4f}, mean |d logprob| {mean:.5f}")
+    print(f"{name}, {kv} KV: top-1 agreement {rate:.4f}, mean |d logprob| {mean:.5f}")
     assert rate >= 0.99, rate
     assert mean <= 0.02, mean
 

@@ -42,11 +42,14 @@ def checkpoint_dtype(hf_config: dict[str, Any]) -> torch.dtype:
     return DTYPES.get(str(name).removeprefix("torch."), torch.float32)
 
 
-def resolve_placement(config: KernelConfig, hf_config: dict[str, Any]) -> Placement:
+def resolve_placement(config: KernelConfig, hf_config: dict[str, Any], gguf: bool = False) -> Placement:
     """auto: CUDA when present (bf16 compute and KV). On CPU an fp32 checkpoint computes in fp32; a bf16
     checkpoint computes in whichever of fp32 and bf16 is faster here (`faster_cpu_dtype`) and keeps its
-    KV in bf16 (attention reads half the bytes). kv_cache_dtype fp8 (E4M3) or fp8_e5m2 halves that again, lossily:
-    asked for, never chosen by auto."""
+    KV in bf16 (attention reads half the bytes). A GGUF file (`gguf`: 16-bit or quantized weights) computes in fp32
+    and keeps its KV in bf16 as well, as llama.cpp keeps an f16 cache by default: an fp32 cache doubled the bytes a
+    decode step's attention reads (SmolLM2 Q8_0, one thread, 256 new tokens: 8.1-8.4 against 7.5-7.8 ms a token),
+    and its numerics stay within issue 37's bar (tests/test_gguf_models.py runs both caches). kv_cache_dtype fp8
+    (E4M3) or fp8_e5m2 halves that again, lossily: asked for, never chosen by auto."""
     if config.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
@@ -64,7 +67,7 @@ def resolve_placement(config: KernelConfig, hf_config: dict[str, Any]) -> Placem
         dtype = torch.float32
     kv = config.kv_cache_dtype
     if kv == "auto":
-        kv_dtype = dtype if device.type == "cuda" or ckpt == torch.float32 else torch.bfloat16
+        kv_dtype = dtype if device.type == "cuda" or (ckpt == torch.float32 and not gguf) else torch.bfloat16
     elif kv in DTYPES:
         kv_dtype = DTYPES[kv]
     elif kv in FP8_KV:

@@ -40,7 +40,8 @@ class TorchModelRunner:
         hf_json = check_model_dir(model_dir)
         if config.threads:
             torch.set_num_threads(config.threads)   # before the dtype probe, which times CPU matmuls
-        self.placement = p = resolve_placement(config, hf_json)
+        gguf = gguf_file.marker_of(model_dir)
+        self.placement = p = resolve_placement(config, hf_json, gguf=gguf is not None)
         if p.device.type == "cpu" and (config.plugin_config.get("runner") or {}).get("keep_freed_memory", True):
             heap.keep_freed_memory()   # prefill steps stop faulting their activations in afresh (heap.py)
         hf_config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
@@ -48,7 +49,6 @@ class TorchModelRunner:
         if bad:
             raise ConfigError(f"{model_dir}: the paged attention kernel does not implement {', '.join(bad)}")
         t0 = time.perf_counter()
-        gguf = gguf_file.marker_of(model_dir)
         if gguf is not None:   # weights from the GGUF file, quantized tensors kept quantized (gguf_weights.py)
             if p.device.type != "cpu":
                 raise ConfigError(f"{gguf['gguf_file']}: GGUF weights run on CPU (the quantized kernels are C); "
