@@ -189,3 +189,22 @@ def test_a_step_with_fresh_prompts_writes_every_token_and_attends_as_before():
     own = F.scaled_dot_product_attention(qq[:, :, 2:].double(), kk[:, :, 2:].double(), vv[:, :, 2:].double(),
                                          is_causal=True, scale=0.125)[0].transpose(0, 1)
     assert (out[2:].double() - own).abs().max().item() < 3e-2
+
+
+@pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (4, 1, 256), (8, 8, 32), (3, 3, 96)])
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_fp32_queries_over_a_bf16_cache_equal_fp64_attention(hq, hkv, d, n_threads, threads):
+    """A GGUF model (fp32 compute, bf16 cache): each query is split into bf16 halves, hi + lo, for the bf16 pair
+    kernel. The output stays within fp32 rounding of fp64 attention over what the cache holds; the hi half alone
+    (the query rounded to bf16) would be ~100x further off, so a kernel dropping lo fails the bound."""
+    threads(n_threads)
+    ctx = [1, 17, 130, 700, 33]
+    q, k, v, kc, vc, step = decode_case(ctx, hq, hkv, d, dtype=torch.float32, cache_dtype=torch.bfloat16)
+    out = run(q, k, v, step, d)
+    assert out.dtype == torch.float32
+    assert torch.equal(kc[step.slot_mapping], k[0].transpose(0, 1).bfloat16())
+    ref = fp64_reference(q, kc, vc, step, d ** -0.5)
+    err = (out.double() - ref).abs().max().item()
+    hi_only = fp64_reference(q.bfloat16().float(), kc, vc, step, d ** -0.5)
+    assert err < 2e-5 * ref.abs().max().item(), err
+    assert (hi_only - ref).abs().max().item() > 20 * err   # the bound above tells a hi-only kernel apart

@@ -45,7 +45,7 @@ void write_kv(const void *kn, const void *vn, int64_t ts, int src_bf16, void *kc
  * that order per piece until the end). Writes each head's normalized output (fp32, in order) to dst and, with lse,
  * its log-sum-exp. NOTE: against the key-by-key kernel this replaced (every head of a key row, partial sums and
  * outputs through memory), 1.5x from L2 on a Zen 4; from memory the prefetch (PF_DECODE) is what counts. */
-static inline __attribute__((always_inline)) void row_blocked(const uint16_t *qb, float *dst, float *lse,
+static inline __attribute__((always_inline)) void row_blocked(const uint16_t *qb, const uint16_t *ql, float *dst, float *lse,
         const char *kc, const char *vc, int kvt, const int64_t *sl, int64_t len, int64_t hq, int64_t hkv,
         const int64_t D, float scale, float *scores, float *ot, const int64_t *next_sl, int64_t next_len) {
     const int64_t g = hq / hkv, es = kv_bytes(kvt), rowb = hkv * D * es, hb = D * es, P = D / 32;
@@ -60,11 +60,25 @@ static inline __attribute__((always_inline)) void row_blocked(const uint16_t *qb
             __m512i qv[8];
             for (int64_t p = 0; p < P; p++) qv[p] = _mm512_loadu_si512((const void *)(qb + hh * D + 32 * p));
             __m512 v[16];
-            for (int64_t k = 0; k < 16; k++) {
-                __m512 a = _mm512_setzero_ps();
-                for (int64_t p = 0; p < P; p++)
-                    a = _mm512_dpbf16_ps(a, (__m512bh)qv[p], (__m512bh)load_pairs32(kr[k] + off + 32 * p * es, kvt));
-                v[k] = a;
+            if (ql) {   /* an fp32 query as hi + lo bf16 halves: each K pair loaded once for both */
+                __m512i lv[8];
+                for (int64_t p = 0; p < P; p++) lv[p] = _mm512_loadu_si512((const void *)(ql + hh * D + 32 * p));
+                for (int64_t k = 0; k < 16; k++) {
+                    __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+                    for (int64_t p = 0; p < P; p++) {
+                        const __m512bh kp = (__m512bh)load_pairs32(kr[k] + off + 32 * p * es, kvt);
+                        a = _mm512_dpbf16_ps(a, (__m512bh)qv[p], kp);
+                        b = _mm512_dpbf16_ps(b, (__m512bh)lv[p], kp);
+                    }
+                    v[k] = _mm512_add_ps(a, b);
+                }
+            } else {
+                for (int64_t k = 0; k < 16; k++) {
+                    __m512 a = _mm512_setzero_ps();
+                    for (int64_t p = 0; p < P; p++)
+                        a = _mm512_dpbf16_ps(a, (__m512bh)qv[p], (__m512bh)load_pairs32(kr[k] + off + 32 * p * es, kvt));
+                    v[k] = a;
+                }
             }
             const __m512 s = _mm512_mul_ps(hsum16(v), vs);
             store_scores16(scores + hh * len + j0, s, nk);
@@ -108,12 +122,27 @@ static inline __attribute__((always_inline)) void row_blocked(const uint16_t *qb
 }
 /* row_blocked with the head size a constant where it is a common one, so the loops over pieces unroll and the
  * partial sums and outputs are registers */
-static void decode_row_bf16(const uint16_t *qb, float *dst, float *lse, const char *kc, const char *vc, int kvt,
-                            const int64_t *sl, int64_t len, int64_t hq, int64_t hkv, int64_t d, float scale,
-                            float *scores, float *ot, const int64_t *next_sl, int64_t next_len) {
-    if (d == 64) row_blocked(qb, dst, lse, kc, vc, kvt, sl, len, hq, hkv, 64, scale, scores, ot, next_sl, next_len);
-    else if (d == 128) row_blocked(qb, dst, lse, kc, vc, kvt, sl, len, hq, hkv, 128, scale, scores, ot, next_sl, next_len);
-    else row_blocked(qb, dst, lse, kc, vc, kvt, sl, len, hq, hkv, d, scale, scores, ot, next_sl, next_len);
+static void decode_row_bf16(const uint16_t *qb, const uint16_t *ql, float *dst, float *lse, const char *kc,
+                            const char *vc, int kvt, const int64_t *sl, int64_t len, int64_t hq, int64_t hkv, int64_t d,
+                            float scale, float *scores, float *ot, const int64_t *next_sl, int64_t next_len) {
+    if (d == 64) row_blocked(qb, ql, dst, lse, kc, vc, kvt, sl, len, hq, hkv, 64, scale, scores, ot, next_sl, next_len);
+    else if (d == 128) row_blocked(qb, ql, dst, lse, kc, vc, kvt, sl, len, hq, hkv, 128, scale, scores, ot, next_sl, next_len);
+    else row_blocked(qb, ql, dst, lse, kc, vc, kvt, sl, len, hq, hkv, d, scale, scores, ot, next_sl, next_len);
+}
+
+/* An fp32 query row (n values) as two bf16 rows, hi = bf16(x) and lo = bf16(x - hi): hi + lo holds x to ~2^-17 of
+ * its size, so the scores of decode_row_bf16 over a bf16 cache stay within fp32 rounding of the fp32 kernel's (the
+ * cache's own rounding, 2^-9, is 100x larger) while each K pair is one load and two bf16 dot products, where
+ * attend_vec widened every K value to fp32 once per query head */
+static void split_query(const float *x, uint16_t *hi, uint16_t *lo, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const uint16_t h = f32_to_bf16(x[i]);
+        uint32_t u = (uint32_t)h << 16;
+        float hf;
+        memcpy(&hf, &u, 4);
+        hi[i] = h;
+        lo[i] = f32_to_bf16(x[i] - hf);
+    }
 }
 #endif
 
@@ -132,7 +161,9 @@ void paged_attention(const void *q, int q_bf16, int64_t q_ts, void *out, int out
                      int64_t max_ctx, int64_t n, int64_t hq, int64_t hkv, int64_t d, float scale, int64_t window,
                      float softcap, const float *sinks, float *lse, int nthreads, int64_t min_split) {
 #if defined(__AVX512BF16__)
-    const int fast = q_bf16 && kvt != KV_F32 && d % 32 == 0 && d <= 256 && hq <= 256 && softcap == 0.f && !sinks;
+    /* fp32 queries too over a bf16 cache, split into bf16 halves (split_query); over fp8 they keep decode_row_fp8 */
+    const int fast = (q_bf16 ? kvt != KV_F32 : kvt == KV_BF16) && d % 32 == 0 && d <= 256 && hq <= 256
+                     && softcap == 0.f && !sinks;
 #else
     const int fast = 0;
 #endif
@@ -166,7 +197,7 @@ void paged_attention(const void *q, int q_bf16, int64_t q_ts, void *out, int out
         /* per-thread scratch: scores [hq][keys], 16 keys' partial dots per head (AVX2: a q row and an output row
          * in decode_row8's order), one output row, one q row, one K/V row, and with an fp8 cache 16 K or V rows
          * widened to fp32 */
-        float *scores = (float *)malloc(sizeof(float) * (size_t)(hq * chunk + hq * 512 + 2 * hq * d + d + 64
+        float *scores = (float *)malloc(sizeof(float) * (size_t)(hq * chunk + hq * 512 + 3 * hq * d + d + 64
                                                                  + (fp8_fast ? 16 * hkv * d : 0)));
         float *part = scores + hq * chunk, *ot = part + hq * 512, *qf = ot + hq * d, *row = qf + hq * d;
         /* the portable path over an fp8 cache: a token's K and V widened to fp32 rows (keys 0..), then `attend` */
@@ -175,7 +206,8 @@ void paged_attention(const void *q, int q_bf16, int64_t q_ts, void *out, int out
         int64_t *ids = wctx ? (int64_t *)malloc(sizeof(int64_t) * (size_t)max_ctx) : NULL;
         for (int64_t j = 0; ids && j < max_ctx; j++) ids[j] = j;
         float *wide = row + d + 64;   /* decode_row_fp8's 16 widened rows (AVX-512) */
-        (void)wide;
+        uint16_t *qhi = (uint16_t *)(wide + (fp8_fast ? 16 * hkv * d : 0)), *qlo = qhi + hq * d;   /* split_query's */
+        (void)wide; (void)qhi; (void)qlo;
         #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < n * parts; it++) {
             const int64_t t = it / parts, pi = it % parts;
@@ -186,14 +218,19 @@ void paged_attention(const void *q, int q_bf16, int64_t q_ts, void *out, int out
             void *dst_t = (char *)out + t * hq * d * (out_bf16 ? 2 : 4);
 #if defined(__AVX512BF16__)
             if (fast) {
-                const uint16_t *qt = (const uint16_t *)q + t * q_ts;
+                const uint16_t *qt = (const uint16_t *)q + t * q_ts, *ql = NULL;
+                if (!q_bf16) {
+                    split_query((const float *)q + t * q_ts, qhi, qlo, hq * d);
+                    qt = qhi;
+                    ql = qlo;
+                }
                 if (parts > 1) {   /* this part's keys: the pi-th of `parts` near-equal runs of the token's keys */
                     const int64_t keys = len - first, per = (keys + parts - 1) / parts;
                     const int64_t a = pi * per, b = a + per < keys ? a + per : keys;
                     float *o = po + it * hq * d, *l = pl + it * hq;
                     /* NOTE: a finite 'no keys' log-sum-exp (its weight e^(l - max) is 0): -ffast-math assumes no inf */
                     if (a >= b) { for (int64_t hh = 0; hh < hq; hh++) l[hh] = -1e30f; continue; }
-                    decode_row_bf16(qt, o, l, (const char *)kc, (const char *)vc, kvt, sl + a, b - a, hq, hkv, d,
+                    decode_row_bf16(qt, ql, o, l, (const char *)kc, (const char *)vc, kvt, sl + a, b - a, hq, hkv, d,
                                     scale, scores, ot, NULL, 0);
                     continue;
                 }
@@ -202,7 +239,7 @@ void paged_attention(const void *q, int q_bf16, int64_t q_ts, void *out, int out
                 const int64_t nt = t + team;
                 const int64_t nlen = nt < n ? tok_pos[nt] + 1 : 0, nfirst = window > 0 && nlen > window ? nlen - window : 0;
                 float *o = out_bf16 ? qf : (float *)dst_t;
-                decode_row_bf16(qt, o, lt, (const char *)kc, (const char *)vc, kvt, sl, len - first, hq, hkv, d,
+                decode_row_bf16(qt, ql, o, lt, (const char *)kc, (const char *)vc, kvt, sl, len - first, hq, hkv, d,
                                 scale, scores, ot, nt < n ? slots + tok_seq[nt] * max_ctx + nfirst : NULL,
                                 nlen - nfirst);
                 if (out_bf16) store_row(dst_t, 1, o, hq * d);
