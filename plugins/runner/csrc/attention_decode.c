@@ -38,15 +38,16 @@ void write_kv(const void *kn, const void *vn, int64_t ts, int src_bf16, void *kc
 #if defined(__AVX512BF16__)
 /* One decode row, bf16 queries over a bf16 or fp8 cache (kvt; d = D, D % 32 == 0, <= 256; fp8 codes are read as the
  * bf16 values they are, load_pairs32): keys sl[0..len), by blocks of 16 keys, head by head within a block.
- * Scores: a head's 16 keys' partial dot products (bf16 pairs) stay in registers and are reduced once (hsum16).
+ * Scores: a head's 16 keys' partial dot products (bf16 pairs) stay in registers and are reduced once (hsum16); with
+ * ql (an fp32 query split by split_query into qb = hi and ql = lo), each K pair feeds both halves' dot products.
  * Softmax: max, then e^(s - max) and its sum in one pass (exp16); the 1/sum is applied to the output at the end.
  * V pass: a head's output stays in registers over the block (a piece of 32 bf16 values is one load that gives two
  * fp32 vectors without a shuffle: its even values (x << 16) and its odd ones (x & 0xffff0000); ot holds them in
  * that order per piece until the end). Writes each head's normalized output (fp32, in order) to dst and, with lse,
  * its log-sum-exp. NOTE: against the key-by-key kernel this replaced (every head of a key row, partial sums and
  * outputs through memory), 1.5x from L2 on a Zen 4; from memory the prefetch (PF_DECODE) is what counts. */
-static inline __attribute__((always_inline)) void row_blocked(const uint16_t *qb, const uint16_t *ql, float *dst, float *lse,
-        const char *kc, const char *vc, int kvt, const int64_t *sl, int64_t len, int64_t hq, int64_t hkv,
+static inline __attribute__((always_inline)) void row_blocked(const uint16_t *qb, const uint16_t *ql, float *dst,
+        float *lse, const char *kc, const char *vc, int kvt, const int64_t *sl, int64_t len, int64_t hq, int64_t hkv,
         const int64_t D, float scale, float *scores, float *ot, const int64_t *next_sl, int64_t next_len) {
     const int64_t g = hq / hkv, es = kv_bytes(kvt), rowb = hkv * D * es, hb = D * es, P = D / 32;
     const __m512 vs = _mm512_set1_ps(scale);
@@ -150,7 +151,8 @@ static void split_query(const float *x, uint16_t *hi, uint16_t *lo, int64_t n) {
  *   q: token t's heads at q + t * q_ts (elements; fp32 or bf16, heads contiguous: a view into the packed QKV rows)
  *   out: [n][hq][d] contiguous, fp32 or bf16 (rounded as torch rounds): the model's dtype, no copy after
  *   token t attends to slots[tok_seq[t]][first..tok_pos[t]] (first: the window's start, else 0)
- * bf16 queries over a bf16 cache with plain attention take decode_row_bf16; with more threads than a few
+ * bf16 queries over a bf16 (or fp8) cache with plain attention take decode_row_bf16, and so do fp32 queries over a
+ * bf16 cache, each split into bf16 halves first (split_query); with more threads than a few
  * tokens per thread (min_split > 0), each token's keys are cut into parts of at least min_split keys, the parts
  * run on any thread and are merged by their log-sum-exp, so a few long rows use every thread. An fp8 cache (kvt
  * KV_E4M3 or KV_E5M2) takes decode_row_fp8 for plain attention with AVX-512; else each token's context is widened
@@ -195,8 +197,8 @@ void paged_attention(const void *q, int q_bf16, int64_t q_ts, void *out, int out
     #pragma omp parallel num_threads(team)
     {
         /* per-thread scratch: scores [hq][keys], 16 keys' partial dots per head (AVX2: a q row and an output row
-         * in decode_row8's order), one output row, one q row, one K/V row, and with an fp8 cache 16 K or V rows
-         * widened to fp32 */
+         * in decode_row8's order), one output row, one q row, one K/V row, with an fp8 cache 16 K or V rows
+         * widened to fp32, and an fp32 query's two bf16 halves (split_query) */
         float *scores = (float *)malloc(sizeof(float) * (size_t)(hq * chunk + hq * 512 + 3 * hq * d + d + 64
                                                                  + (fp8_fast ? 16 * hkv * d : 0)));
         float *part = scores + hq * chunk, *ot = part + hq * 512, *qf = ot + hq * d, *row = qf + hq * d;
