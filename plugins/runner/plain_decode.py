@@ -113,8 +113,10 @@ class DecodeAttention:
             self.out_ptr = self.out.data_ptr()
         self.rows = self.out[:tokens]
         # NOTE: the caches and rotary tables change only when the cache is new or a table grows; the slot tables
-        # every step. Writing only those (once-computed per group) took prepare from ~0.12 to ~0.03 ms a step
-        # (30 layers; SmolLM2's whole token is 5-8 ms on one thread)
+        # every step. Writing only those (once-computed per group) took prepare from ~0.12 to ~0.05 ms a step
+        # (30 layers; SmolLM2's whole token is 5-8 ms on one thread). The first and last layers' tables stand for
+        # all: a stack rebuilds every table kind at once when positions outgrow them (lean.py, lean_gemma.py), each
+        # new tensor allocated while the old one is alive, so its address differs
         tables = [stack.rope_table(i)[0] for i in (0, len(self.layers) - 1)]
         fixed = (id(step.kv), step.kv[self.layer_ids[0]][0].data_ptr(), tuple(t.data_ptr() for t in tables))
         if fixed != self._fixed:
