@@ -353,7 +353,7 @@ void block_attention(const float *q, const uint16_t *qb, void *out, int out_bf16
                     for (int64_t l = 0; l < 32; l++) {
                         float x = 0.f;
                         if (l < nl && q) x = q[at[l] * d + e];
-                        else if (l < nl) { const uint32_t u = (uint32_t)qb[at[l] * d + e] << 16; memcpy(&x, &u, 4); }
+                        else if (l < nl) x = bf16_to_f32(qb[at[l] * d + e]);
                         qt[e * 32 + l] = x;
                     }
                 for (int64_t j0 = 0; j0 < keys; j0 += 8)

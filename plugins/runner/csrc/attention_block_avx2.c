@@ -75,7 +75,7 @@ void block_attention(const float *q, const uint16_t *qb, void *out, int out_bf16
                 for (int64_t e = 0; e < d; e++) {
                     float x;
                     if (q) x = q[at * d + e];
-                    else { const uint32_t u = (uint32_t)qb[at * d + e] << 16; memcpy(&x, &u, 4); }
+                    else x = bf16_to_f32(qb[at * d + e]);
                     qt[e * 16 + l] = x * scale;
                 }
             }

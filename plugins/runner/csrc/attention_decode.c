@@ -137,12 +137,8 @@ static void decode_row_bf16(const uint16_t *qb, const uint16_t *ql, float *dst, 
  * attend_vec widened every K value to fp32 once per query head */
 static void split_query(const float *x, uint16_t *hi, uint16_t *lo, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
-        const uint16_t h = f32_to_bf16(x[i]);
-        uint32_t u = (uint32_t)h << 16;
-        float hf;
-        memcpy(&hf, &u, 4);
-        hi[i] = h;
-        lo[i] = f32_to_bf16(x[i] - hf);
+        hi[i] = f32_to_bf16(x[i]);
+        lo[i] = f32_to_bf16(x[i] - bf16_to_f32(hi[i]));
     }
 }
 #endif

@@ -117,6 +117,14 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* bf16 bits -> fp32 (exact: the high half of the fp32 bits) */
+static inline float bf16_to_f32(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 #if defined(__AVX512F__)
 /* 16 fp32 values to dst as fp32 or as bf16 rounded the way torch's .to(torch.bfloat16) rounds (nearest, ties to
  * even; a NaN becomes 0x7fc0) */
@@ -152,10 +160,7 @@ static inline void load_row(float *dst, const void *base, int64_t row, int64_t d
             _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(
                 _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i))), 16)));
 #endif
-        for (; i < d; i++) {
-            uint32_t u = (uint32_t)src[i] << 16;
-            memcpy(&dst[i], &u, 4);
-        }
+        for (; i < d; i++) dst[i] = bf16_to_f32(src[i]);
     } else {
         memcpy(dst, (const float *)base + row * d, (size_t)d * 4);
     }
