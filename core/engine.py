@@ -16,32 +16,18 @@ from typing import Any
 
 import anyio
 
-from modelcall.core.output import OutputState, Released
-from modelcall.core.pooling import Pooler
+from modelcall.core.output import Released
 from modelcall.core.plan import SchedulePlan, StepOutput
+from modelcall.core.pooling import Pooler
+from modelcall.core.record import RequestRecord
 from modelcall.core.request import Request, Status
 from modelcall.core.stages import KVCachePolicy, ModelRunner, Scheduler
 from modelcall.events import (
-    EventBus, Finished, Pooled, Preempted, PrefillDone, PromptLogprobs, RequestFailed, RequestScheduled, StepDone, Timings,
-    TokensEmitted, Usage, now,
+    EventBus, Pooled, Preempted, PrefillDone, PromptLogprobs, RequestFailed, RequestScheduled, StepDone, TokensEmitted,
+    now,
 )
 
 log = logging.getLogger("modelcall.engine")
-
-
-class RequestRecord:
-    """What the engine keeps beside a Request: output state and the timestamps of its stages."""
-
-    __slots__ = ("request", "output", "received", "admitted", "scheduled", "first_token", "last_token")
-
-    def __init__(self, request: Request, output: OutputState, received: float, admitted: float) -> None:
-        self.request = request
-        self.output = output
-        self.received = received
-        self.admitted = admitted
-        self.scheduled: float | None = None
-        self.first_token: float | None = None
-        self.last_token: float | None = None
 
 
 PendingToken = tuple[RequestRecord, int, Any]  # (record, token, its logprobs): its output stage still to run
@@ -439,28 +425,18 @@ class Engine:
                                             reasoning=out.reasoning))
             if out.calls:
                 self._requested(rec, out, events)
-        reason, stop_reason = out.reason or "abort", out.stop_reason
-        req.finish_reason, req.stop_reason = reason, stop_reason
+        req.finish_reason, req.stop_reason = out.reason or "abort", out.stop_reason
         if self._in_flight:  # its blocks may be read by the running forward: free them once it is done
             self._deferred.append(req)
         else:
             self.scheduler.finish(req)
         req.status = Status.FINISHED
         del self.records[req.request_id]
+        drafted = accepted = 0
         if self.speculator is not None:
             self.speculator.finished(req)
-        output = rec.output
-        shared = req.fork_of is not None  # a choice of n: its prompt is charged to the request it shares it with
-        usage = Usage(prompt_tokens=0 if shared else req.num_prompt_tokens, cached_tokens=0 if shared else req.num_cached_tokens,
-                      completion_tokens=req.num_output_tokens, reasoning_tokens=output.reasoning_tokens,
-                      cached_disk_tokens=0 if shared else req.num_cached_disk_tokens)
-        timings = Timings(received=rec.received, admitted=rec.admitted, scheduled=rec.scheduled,
-                          first_token=rec.first_token, last_token=rec.last_token, finished=t)
-        drafted, accepted = self.speculator.acceptance(req) if self.speculator is not None else (0, 0)
-        events.append(Finished(request_id=req.request_id, task_id=req.task_id, ts=t, reason=reason, usage=usage,
-                               timings=timings, text=output.text, stop_reason=stop_reason,
-                               reasoning=output.reasoning_text, spec_draft_tokens=drafted,
-                               spec_accepted_tokens=accepted))
+            drafted, accepted = self.speculator.acceptance(req)
+        events.append(rec.finished(t, drafted, accepted))
 
     def _fail(self, req: Request, error_type: str, message: str, events: list) -> None:
         rec = self.records.pop(req.request_id, None)

@@ -17,10 +17,11 @@ import anyio
 import msgspec
 
 from modelcall.core.config import KernelConfig
-from modelcall.core.engine import Engine, RequestRecord
+from modelcall.core.engine import Engine
 from modelcall.core.entry import Entered, Entry, EntryInput
 from modelcall.core.errors import ConfigError, ModelNotFound
 from modelcall.core.prompt import answered_calls
+from modelcall.core.record import RequestRecord
 from modelcall.core.handle import RequestHandle
 from modelcall.core.host import PluginHost, PluginLike
 from modelcall.core.metering import Caller, Exchange
