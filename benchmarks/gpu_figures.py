@@ -81,6 +81,7 @@ def engine_config(args: Any, sz: dict, model_dir: str, dtype_name: str, runner_c
     from modelcall.core import KernelConfig
     return KernelConfig(model=model_dir, device=args.device, dtype=dtype_name, max_num_seqs=max(256, sz["concurrency"]),
                         max_num_batched_tokens=sz["batched_tokens"], kv_cache_memory_gb=sz["kv_gb"],
+                        num_scheduler_steps=1,   # one forward a StepDone: its step times are the figures (CPU dry run)
                         plugin_config={"runner": runner_cfg})
 
 

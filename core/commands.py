@@ -86,6 +86,11 @@ def add_kernel_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="post-process step N while step N+1's forward runs (default: "
                         f"{'on' if d.async_scheduling else 'off'})")
+    g.add_argument("--num-scheduler-steps", type=_positive_int, metavar="N",
+                   help="decode bursts: up to N decode steps per runner call when no request waits, as many as fit "
+                        f"--burst-budget-ms (default: {d.num_scheduler_steps}; 1: off)")
+    g.add_argument("--burst-budget-ms", type=float, metavar="MS",
+                   help=f"the longest a decode burst may run (default: {d.burst_budget_ms:g})")
     g.add_argument("--stage", action="append", default=[], metavar="STAGE=NAME",
                    help=f"pick the implementation of a stage ({', '.join(STAGES)}); repeatable")
     g.add_argument("--plugin-config", action="append", default=[], metavar="PLUGIN=JSON",
@@ -125,6 +130,7 @@ _FIELDS = {"model": "model", "gguf_file": "gguf_file", "quantization": "quantiza
            "scheduling_policy": "scheduling_policy", "max_messages": "max_messages", "max_tools": "max_tools",
            "max_stop_strings": "max_stop_strings", "max_stop_length": "max_stop_length",
            "max_sequences_per_call": "max_sequences_per_call", "async_scheduling": "async_scheduling",
+           "num_scheduler_steps": "num_scheduler_steps", "burst_budget_ms": "burst_budget_ms",
            "kv_cache_host_gb": "kv_cache_host_gb", "kv_cache_dir": "kv_cache_dir", "kv_cache_disk_gb": "kv_cache_disk_gb",
            "kv_cache_fsync": "kv_cache_fsync"}
 

@@ -68,6 +68,13 @@ class KernelConfig(msgspec.Struct, kw_only=True):
     # Off by default: not yet shown a gain on 2 shared cores (W1 on and off, 2026-12-01: docs/benchmarks.md;
     # w2_serve_vs_vllm.sh).
     async_scheduling: bool = False
+    # Decode bursts (core/burst.py), vLLM's --num-scheduler-steps: a pure-decode plan whose requests nothing
+    # stale would change runs up to this many steps in one runner call when no request waits, as many as fit
+    # burst_budget_ms at the last step's time (tokens reach clients at most that late, arrivals wait at most that
+    # long). 1: off; off too with speculative decoding (its drafts are proposed step by step). The runner caps it
+    # (the CPU decode path only; 1 elsewhere).
+    num_scheduler_steps: int = 8
+    burst_budget_ms: float = 40.0
     # Multi-LoRA (docs/lora.md), vLLM's flags: PEFT adapter directories served beside the base model, picked by a
     # request's `model`; max_loras: distinct adapters in one step; max_cpu_loras: adapters kept loaded (least
     # recently used evicted, reloaded from disk when asked again; None: every registered one); max_lora_rank: a
@@ -85,6 +92,9 @@ class KernelConfig(msgspec.Struct, kw_only=True):
             raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.num_scheduler_steps < 1 or not self.burst_budget_ms >= 0:
+            raise ConfigError(f"num_scheduler_steps must be >= 1 and burst_budget_ms >= 0, got "
+                              f"{self.num_scheduler_steps}, {self.burst_budget_ms}")
         if self.max_num_batched_tokens < 1:
             raise ConfigError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 
+from modelcall.core.burst import BurstPolicy
 from modelcall.core.output import Released
 from modelcall.core.plan import SchedulePlan, StepOutput
 from modelcall.core.pooling import Pooler
@@ -66,6 +67,7 @@ class Engine:
         self._stopping = False
         self.alive = False
         self.step_count = 0
+        self._stale_checked = 0   # step_count at the last look for stale streams
         self.last_error: str | None = None
         self._executor: ThreadPoolExecutor | None = None
         # Speculative decoding (core/speculative.py), set by the kernel when configured: None is off.
@@ -76,6 +78,8 @@ class Engine:
         # loop reads it once, when it starts (`_overlap`: on, and the event loop is asyncio).
         self.async_scheduling = False
         self._overlap = False
+        # Decode bursts (core/burst.py), set by the kernel from its config: None is off.
+        self.bursts: BurstPolicy | None = None
         self._in_flight = False               # a forward is running: ended requests keep their blocks
         self._deferred: list[Request] = []    # ended while a forward ran: scheduler.finish once it is done
 
@@ -160,6 +164,9 @@ class Engine:
         """
         t0 = now()
         plan = self.scheduler.schedule() if self.scheduler.has_work() else SchedulePlan()
+        if plan and self.bursts is not None:
+            waiting = bool(self._inbox or self._aborts or self.scheduler.num_waiting)
+            plan.num_steps = self.bursts.steps_for(plan, self.window, self.runner, self.kv, waiting)
         t1 = now()
         events: list[Any] = []
         self._note_scheduling(plan, t1, events)
@@ -184,6 +191,13 @@ class Engine:
             return None
         t2 = now()
         self._forward_returned()
+        if self.bursts is not None:
+            self.bursts.observe(plan, output.forward_s or (t2 - t1), len(output.burst) if output.burst else 1)
+        if output.burst is not None:   # every token through its output stage now: nothing held
+            self._apply_burst(plan, output, events)
+            self._publish(HeldStep([], events, self._step_done(plan, output, t0, t1, t2), t2))
+            self._abort_stale()
+            return None
         if self._overlap:
             self._take_aborts()
         todo = self._apply(plan, output, t2, events)
@@ -321,6 +335,21 @@ class Engine:
                 self._emit(rec, token, lp, t, events)
         return todo
 
+    def _apply_burst(self, plan: SchedulePlan, output: StepOutput, events: list) -> None:
+        """A decode burst's steps, in order, as single steps would apply them (core/burst.py): each token computed,
+        appended and through its output stage at its own step's time; a request ended keeps none of its later ones."""
+        assert output.burst is not None and output.burst_ts is not None
+        for tokens, t in zip(output.burst, output.burst_ts):
+            for chunk, token in zip(plan.chunks, tokens):
+                req = chunk.request
+                if req.status is Status.FINISHED:
+                    continue
+                req.num_computed_tokens += 1
+                self.kv.commit(req)
+                rec = self.records[req.request_id]
+                self._append(rec, token, t, events)
+                self._emit(rec, token, None, t, events)
+
     def _computed(self, chunk: Any, output: StepOutput, i: int, t: float, events: list) -> None:
         """Chunk i's tokens are computed: count them, key newly full blocks, keep any prompt logprobs."""
         req = chunk.request
@@ -452,16 +481,18 @@ class Engine:
 
     def _step_done(self, plan: SchedulePlan, output: StepOutput, t0: float, t1: float, t2: float) -> StepDone:
         """Count the step and describe it (schedule from t0, forward from t1, applied from t2)."""
-        self.step_count += 1
+        steps = len(output.burst) if output.burst else 1
+        self.step_count += steps   # forwards: a burst's steps each count
         kv_usage = 1.0 - self.kv.num_free_blocks() / self.kv.num_blocks
-        return StepDone(step=self.step_count, num_tokens=plan.num_tokens, num_requests=len(plan.chunks),
+        return StepDone(step=self.step_count, num_tokens=plan.num_tokens * steps, num_requests=len(plan.chunks),
                         num_waiting=self.scheduler.num_waiting, num_running=self.scheduler.num_running,
                         kv_usage=kv_usage, schedule_s=t1 - t0, forward_s=output.forward_s or (t2 - t1),
-                        step_s=now() - t0)
+                        step_s=now() - t0, num_steps=steps)
 
     def _abort_stale(self) -> None:
         """Every 64 steps: abort requests whose stream nobody has read for consumer_timeout_s."""
-        if self.step_count % 64 == 0:
+        if self.step_count - self._stale_checked >= 64:
+            self._stale_checked = self.step_count
             for rid in self.bus.stale_streams(now(), self.consumer_timeout_s):
                 self.abort(rid)
 

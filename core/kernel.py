@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 import msgspec
 
+from modelcall.core.burst import BurstPolicy
 from modelcall.core.config import KernelConfig
 from modelcall.core.engine import Engine
 from modelcall.core.entry import Entered, Entry, EntryInput
@@ -150,6 +151,8 @@ class Kernel(Submitting):
         self.engine.speculator = getattr(self, "speculator", None)
         self.engine.pooler = self.pooler
         self.engine.async_scheduling = cfg.async_scheduling
+        if cfg.num_scheduler_steps > 1 and self.engine.speculator is None:   # drafts amortize a step another way
+            self.engine.bursts = BurstPolicy(cfg.num_scheduler_steps, cfg.burst_budget_ms / 1e3)
         await host.lifecycle("startup", done=started, kernel=self)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()

@@ -39,6 +39,9 @@ class SchedulePlan:
     # before sampling (copy on write of a forked request's last partial block).
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     num_draft_tokens: int = 0  # sum of the chunks' drafts (0: no chunk speculates this step)
+    # A decode burst (core/burst.py): run this pure-decode plan up to `num_steps` steps in one execute, each
+    # step's sampled tokens the next one's inputs (blocks for them allocated beforehand). 1: one step.
+    num_steps: int = 1
 
     @property
     def num_tokens(self) -> int:
@@ -65,6 +68,10 @@ class StepOutput:
     # the request pools every token, else the prompt's last row once the chunk reaches it), float32 on the host.
     pooled: dict[int, Any] | None = None
     forward_s: float = 0.0
+    # A decode burst (plan.num_steps > 1): every step's tokens in plan order (`token_ids` is the first's) and the
+    # event clock's time at each step's end; a runner may stop a burst early (fewer steps than asked).
+    burst: list[list[int]] | None = None
+    burst_ts: list[float] | None = None
 
 
 @dataclass(frozen=True, slots=True)

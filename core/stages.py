@@ -75,6 +75,11 @@ class Sampler(Protocol):
         Optional, for `params.prompt_logprobs`: `prompt_logprobs(logits, targets, num_top)` scores
         given tokens (row i: `targets[i]`) and returns (a `PositionLogprobs` per row, each token's
         rank); the built-in runner calls it on the prefill rows that score prompt tokens.
+
+        Optional attribute `burst_safe` (bool, default False): True promises that a choice reads nothing of a
+        request but its `params`, its `sampler_state` and, only for penalties, min_tokens and logits processors,
+        its tokens; a runner may then run decode bursts (core/burst.py: several steps before the sampled tokens
+        join their requests) for requests that use none of those three. A sampler without it never sees a burst.
         """
         ...
 
@@ -84,7 +89,12 @@ class ModelRunner(Protocol):
     """Runs the model forward over one step's flattened batch and samples next tokens.
 
     Optional attribute `weight_bytes` (int): bytes of model weights the runner holds resident (quantized blocks
-    counted as stored); /metrics reports it as `modelcall:model_weight_bytes` when present."""
+    counted as stored); /metrics reports it as `modelcall:model_weight_bytes` when present.
+
+    Optional method `burst_steps(plan) -> int`: the most steps of a pure-decode `plan` one `execute` may run (decode
+    bursts, core/burst.py). A runner that has it and answers K > 1 may be handed `plan.num_steps` up to K: it runs
+    the plan's requests that many steps (or fewer), each step fed the tokens the last one sampled, and returns them
+    all in `StepOutput.burst` with each step's end time in `burst_ts`. Without it, every plan is one step."""
 
     spec: ModelSpec
 

@@ -264,6 +264,7 @@ class StepDone(msgspec.Struct, frozen=True, gc=False, tag=True, kw_only=True):
     forward_s: float
     step_s: float
     ts: float = msgspec.field(default_factory=now)
+    num_steps: int = 1   # a decode burst's steps (core/burst.py): num_tokens counts every step's
 
 
 REQUEST_EVENTS = (

@@ -2,7 +2,9 @@
 forward computes, and it changes nothing a client can see: greedy outputs equal transformers' under
 chunked prefill and preemption, stops and aborts land exactly (no token past a stop is emitted or
 metered, each request's events in order, every block given back), and the overlap really happens
-(tokens are published while the next forward runs)."""
+(tokens are published while the next forward runs). Decode bursts (core/burst.py, tested in
+test_decode_bursts.py) are turned off here: a burst's tokens are never held, so an abort or a stop lands after
+the burst, not after one step."""
 from __future__ import annotations
 
 import threading
@@ -46,7 +48,7 @@ def _check_request_events(events, request_id: str, completion_tokens: int) -> No
 
 async def test_greedy_outputs_equal_generate_under_preemption_with_overlap(make_kernel, events, references,
                                                                            demo_model_dir):
-    async with make_kernel(model=demo_model_dir, async_scheduling=True, block_size=16, num_kv_blocks=6,
+    async with make_kernel(model=demo_model_dir, async_scheduling=True, num_scheduler_steps=1, block_size=16, num_kv_blocks=6,
                            max_num_batched_tokens=16) as kernel:
         results: dict[int, object] = {}
 
@@ -91,7 +93,7 @@ async def _stopped_runs(kernel, reference: list[int], text: str) -> list:
 async def test_stops_land_exactly_as_without_overlap(make_kernel, events, demo_model_dir):
     outs = {}
     for overlap in (False, True):
-        async with make_kernel(model=demo_model_dir, async_scheduling=overlap) as kernel:
+        async with make_kernel(model=demo_model_dir, async_scheduling=overlap, num_scheduler_steps=1) as kernel:
             plain = await kernel.complete(prompt_token_ids=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0,
                                           ignore_eos=True)
             outs[overlap] = await _stopped_runs(kernel, plain.token_ids, plain.text)
@@ -127,7 +129,7 @@ class AbortAt:
 
 async def test_aborts_meter_only_emitted_tokens_and_free_every_block(make_kernel, events, demo_model_dir):
     aborter = AbortAt()
-    async with make_kernel(plugins=[aborter], model=demo_model_dir, async_scheduling=True, block_size=16,
+    async with make_kernel(plugins=[aborter], model=demo_model_dir, async_scheduling=True, num_scheduler_steps=1, block_size=16,
                            num_kv_blocks=8, max_num_batched_tokens=24) as kernel:
         handles = [await kernel.submit(prompt_token_ids=p, max_tokens=40, temperature=0, ignore_eos=True)
                    for p in PROMPTS]
@@ -194,7 +196,7 @@ async def test_tokens_are_published_while_the_next_forward_runs_only_with_overla
     probe = ForwardProbe(patience_s=2.0 if overlap else 0.05)
     seen = probe.seen
 
-    async with make_kernel(plugins=[probe], model=demo_model_dir, async_scheduling=overlap) as kernel:
+    async with make_kernel(plugins=[probe], model=demo_model_dir, async_scheduling=overlap, num_scheduler_steps=1) as kernel:
         kernel.engine.runner.execute = probe.hold(kernel.runner.execute, hold_s=2.0 if overlap else 0.05)  # type: ignore[method-assign]
         handle = await kernel.submit(prompt_token_ids=PROMPTS[1], max_tokens=MAX_TOKENS, temperature=0,
                                      ignore_eos=True)

@@ -416,7 +416,9 @@ async def test_w1_like_traffic_runs_the_plain_steps_of_speculation_off(make_kern
     runs = {}
     for name, spec in (("off", None), ("on", {"method": "ngram", "num_speculative_tokens": 8})):
         events.events.clear()
-        async with make_kernel(model=demo_model_dir, speculative_config=spec) as kernel:
+        # NOTE: single steps both ways: with speculation off, decode bursts (core/burst.py) would run several
+        # steps a call, which speculation on never does
+        async with make_kernel(model=demo_model_dir, speculative_config=spec, num_scheduler_steps=1) as kernel:
             results = await _run_all(kernel, prompts, 48, stagger=False)
             steps = [(e.num_tokens, e.num_requests) for e in events.events if isinstance(e, StepDone)]
             runs[name] = (results, steps, kernel.speculator)

@@ -59,7 +59,7 @@ class StepMeter:
         self.steps, self.step_s, self.forward_s = 0, 0.0, 0.0
 
     def on_step(self, ev: StepDone) -> None:
-        self.steps += 1
+        self.steps += ev.num_steps   # forwards: a decode burst's each count
         self.step_s += ev.step_s
         self.forward_s += ev.forward_s
 

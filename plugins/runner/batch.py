@@ -308,10 +308,9 @@ class DecodeState:
 
     def decode_step(self, plan: SchedulePlan, block_size: int, device: torch.device, num_groups: int) -> StepBatch | None:
         chunks = plan.chunks
-        n = len(chunks)
-        if n != len(self.requests) or plan.num_draft_tokens or num_groups != 1 or device.type != "cpu":
+        if len(chunks) != len(self.requests) or plan.num_draft_tokens or num_groups != 1 or device.type != "cpu":
             return None
-        slots, computed = self.slots, self.computed
+        computed = self.computed
         ids: list[int] = []
         pos: list[int] = []
         new: list[int] = []
@@ -322,19 +321,49 @@ class DecodeState:
             if req is not known or p != computed[s] + 1 or c.num_new_tokens != 1 or not c.sample or c.draft \
                     or c.fork_of is not None:
                 return None
-            table = req.block_table
-            old = self.tables[s]
-            if table != old:
-                if len(table) < len(old) or table[:len(old)] != old:
-                    return None   # rewritten (a window released blocks, copy on write): built anew
-                self._fill(s, len(old), table, block_size)
-                self.tables[s] = list(table)
-            if p // block_size >= len(table):
+            slot = self._slot(s, req.block_table, p, block_size)
+            if slot is None:
                 return None
             ids.append(req.all_token_ids[p])
             pos.append(p)
-            new.append(table[p // block_size] * block_size + p % block_size)
+            new.append(slot)
             computed[s] = p
+        return self._batch(ids, pos, new)
+
+    def advance(self, tokens: list[int], block_size: int) -> StepBatch | None:
+        """The step after the last decode step, its requests fed `tokens` (what it sampled) without being told them:
+        a decode burst (core/burst.py), whose tokens join the requests only once it is over. Each position one
+        further, its slot from the request's table (grown for the burst beforehand). None: build anew."""
+        if not self.requests or len(tokens) != len(self.requests):
+            return None
+        pos: list[int] = []
+        new: list[int] = []
+        for s, req in enumerate(self.requests):
+            p = self.computed[s] + 1
+            slot = self._slot(s, req.block_table, p, block_size)
+            if slot is None:
+                self.requests = []   # some rows advanced, others not: forget them all
+                return None
+            pos.append(p)
+            new.append(slot)
+            self.computed[s] = p
+        return self._batch(list(tokens), pos, new)
+
+    def _slot(self, s: int, table: list[int], p: int, block_size: int) -> int | None:
+        """Row s's slot of position p, its slots brought up to `table` (None: the table was rewritten or is short)."""
+        old = self.tables[s]
+        if table != old:
+            if len(table) < len(old) or table[:len(old)] != old:
+                return None   # rewritten (a window released blocks, copy on write): built anew
+            self._fill(s, len(old), table, block_size)
+            self.tables[s] = list(table)
+        if p // block_size >= len(table):
+            return None
+        return table[p // block_size] * block_size + p % block_size
+
+    def _batch(self, ids: list[int], pos: list[int], new: list[int]) -> StepBatch | None:
+        """The decode batch of one token a request at positions `pos`, K/V into slots `new`."""
+        n, slots = len(ids), self.slots
         max_ctx = max(pos) + 1
         if max_ctx > slots.shape[1]:
             self.requests = []

@@ -13,6 +13,7 @@ import torch
 from modelcall.core import ConfigError, KernelConfig, SchedulePlan, StepOutput
 from modelcall.core.plan import kv_groups
 from modelcall.core.stages import Sampler
+from modelcall.events import now
 from modelcall.plugins.runner import (
     attention, cpu_kernel, cuda_graphs, gguf_file, gguf_weights, heap, huge_pages, lean, lora_runner, omp_team,
     quant_load, quant_repack,
@@ -192,6 +193,8 @@ class TorchModelRunner:
             self._bound.done = True
             if cpu_kernel.bind_threads(self._cpus):
                 log.info("compute threads of %s pinned to CPUs %s", threading.current_thread().name, self._cpus)
+        if plan.num_steps > 1:
+            return self._execute_burst(plan, t0)
         scored: list[tuple[int, list[Any], list[int]]] = []
         pooled: dict[int, Any] = {}
         with torch.inference_mode():
@@ -237,6 +240,35 @@ class TorchModelRunner:
                 out.prompt_logprobs[i], out.prompt_ranks[i] = plp, ranks
         return out
 
+    def burst_steps(self, plan: SchedulePlan) -> int:
+        """The most steps of decode `plan` one `execute` runs (core/burst.py): any number on the CPU path with one KV
+        group (its DecodeState feeds a step's tokens to the next) and a sampler that says it may (`burst_safe`), 1
+        elsewhere (CUDA graphs, sliding-window groups, adapter rows)."""
+        if self.placement.device.type != "cpu" or self.graphs is not None or len(self.groups) != 1:
+            return 1
+        if not getattr(self.sampler, "burst_safe", False):
+            return 1
+        if self.lora is not None and lora_runner.plan_has_lora(plan):
+            return 1
+        return 1 << 30
+
+    def _execute_burst(self, plan: SchedulePlan, t0: float) -> StepOutput:
+        """Decode `plan` up to `plan.num_steps` steps, each fed the last one's tokens (the requests are not told
+        them: the engine applies the burst after, core/burst.py). Stops early where the decode state cannot advance
+        (a context past its slot capacity): the steps run are the answer."""
+        steps: list[list[int]] = []
+        ends: list[float] = []
+        with torch.inference_mode():
+            step: StepBatch | None = build_step(plan, self.block_size, self.placement.device, 1, self.decode_state)
+            while step is not None:
+                ids, _ = self.sampler.sample(self._step_logits(plan, step), plan.chunks)
+                steps.append(list(ids))
+                ends.append(now())
+                if len(steps) == plan.num_steps:
+                    break
+                step = self.decode_state.advance(steps[-1], self.block_size)
+        return StepOutput(token_ids=list(steps[0]), forward_s=time.perf_counter() - t0, burst=steps, burst_ts=ends)
+
     def compute_logits(self, plan: SchedulePlan, scored: list | None = None, pooled: dict | None = None) -> torch.Tensor:
         """Forward `plan` (writing its K/V) and return the logits of the sampled chunks, plan order, in the
         model's dtype (the sampler upcasts when it does more than take the maximum). With `scored`, the
@@ -249,28 +281,33 @@ class TorchModelRunner:
                     self.lora is not None and lora_runner.plan_has_lora(plan)):   # decode: static batches
                 return self.graphs.logits(plan)
             step = build_step(plan, self.block_size, self.placement.device, len(self.groups), self.decode_state)
-            step.kv = self.kv
-            step.scratch["layer_windows"] = self.spec.layer_windows   # attention checks each layer's against it
-            if self.attention_backend:
-                step.scratch.update(attention_backend=self.attention_backend, block_size=self.block_size)
-            if len(self.groups) > 1:
-                step.scratch["layer_group"] = self.layer_group
+            return self._step_logits(plan, step, scored, pooled)
+
+    def _step_logits(self, plan: SchedulePlan, step: StepBatch, scored: list | None = None,
+                     pooled: dict | None = None) -> torch.Tensor:
+        """compute_logits of `step`, `plan` flattened (in inference mode)."""
+        step.kv = self.kv
+        step.scratch["layer_windows"] = self.spec.layer_windows   # attention checks each layer's against it
+        if self.attention_backend:
+            step.scratch.update(attention_backend=self.attention_backend, block_size=self.block_size)
+        if len(self.groups) > 1:
+            step.scratch["layer_group"] = self.layer_group
+        if self.lora is not None:
+            self.lora.begin(plan, step)
+        try:
+            hidden = self._forward(step)
+        finally:
             if self.lora is not None:
-                self.lora.begin(plan, step)
-            try:
-                hidden = self._forward(step)
-            finally:
-                if self.lora is not None:
-                    self.lora.end()
-            if scored is not None and step.prompt_rows is not None:
-                scored.extend(self._score_prompt(hidden, step))
-            if pooled is not None and step.pool_spans:
-                pooled.update((i, hidden[a:a + n].float().cpu()) for i, a, n in step.pool_spans)
-            if step.num_sampled == 0:   # only partial prefill chunks: nothing to sample
-                return hidden.new_empty(0, self.spec.vocab_size)
-            if step.sample_rows is not None:
-                hidden = hidden.index_select(0, step.sample_rows)
-            return self._head(hidden)
+                self.lora.end()
+        if scored is not None and step.prompt_rows is not None:
+            scored.extend(self._score_prompt(hidden, step))
+        if pooled is not None and step.pool_spans:
+            pooled.update((i, hidden[a:a + n].float().cpu()) for i, a, n in step.pool_spans)
+        if step.num_sampled == 0:   # only partial prefill chunks: nothing to sample
+            return hidden.new_empty(0, self.spec.vocab_size)
+        if step.sample_rows is not None:
+            hidden = hidden.index_select(0, step.sample_rows)
+        return self._head(hidden)
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of `hidden` rows as the family's ForCausalLM computes them after its decoder."""

@@ -37,6 +37,10 @@ def _forbidden(req: Any) -> list[int]:
 class TorchSampler:
     """Batched sampling on [n, vocab] logits; per-request state is a seeded generator in `sampler_state`."""
 
+    # Decode bursts may run on it (core.stages.Sampler): only penalties, min_tokens and processors read a request's
+    # tokens, and core/burst.py keeps requests using any of them out of bursts
+    burst_safe = True
+
     def __init__(self) -> None:
         self._batch: list[Any] = []          # the requests of the last batch, in order
         self._batch_greedy = False           # all of them greedy with no logprobs and no penalty
