@@ -80,6 +80,8 @@ class Sampler(Protocol):
         request but its `params`, its `sampler_state` and, only for penalties, min_tokens and logits processors,
         its tokens; a runner may then run decode bursts (core/burst.py: several steps before the sampled tokens
         join their requests) for requests that use none of those three. A sampler without it never sees a burst.
+        Optional attribute `greedy_argmax` (bool, default False): True promises that a greedy request's token is the
+        index of the first maximum of its logits row, so a runner may choose it without calling `sample`.
         """
         ...
 

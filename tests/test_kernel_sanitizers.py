@@ -23,7 +23,7 @@ SANITIZE = "-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-r
 # The kernel tests that reach every entry of the three libraries (the whole-model greedy tests of test_cascade are
 # left to the plain run: their model load is most of their time under the sanitizers)
 TESTS = ["tests/test_attention_decode.py", "tests/test_kv_fp8.py", "tests/test_cascade.py", "tests/test_plain_decode.py",
-         "tests/test_quant_r16.py", "tests/test_r16f_prefill.py", "tests/test_decode_stack.py",
+         "tests/test_quant_r16.py", "tests/test_r16f_prefill.py", "tests/test_decode_stack.py", "tests/test_decode_burst_c.py",
          "tests/test_packed_bert.py",
          "tests/test_sampler_greedy_path.py", "tests/test_lean.py::test_rope_without_head_norms_equals_transformers_bit_for_bit",
          "tests/test_lean.py::test_fused_ops_round_where_transformers_modules_round",

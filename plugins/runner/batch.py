@@ -321,7 +321,7 @@ class DecodeState:
             if req is not known or p != computed[s] + 1 or c.num_new_tokens != 1 or not c.sample or c.draft \
                     or c.fork_of is not None:
                 return None
-            slot = self._slot(s, req.block_table, p, block_size)
+            slot = self.slot_of(s, req.block_table, p, block_size)
             if slot is None:
                 return None
             ids.append(req.all_token_ids[p])
@@ -340,7 +340,7 @@ class DecodeState:
         new: list[int] = []
         for s, req in enumerate(self.requests):
             p = self.computed[s] + 1
-            slot = self._slot(s, req.block_table, p, block_size)
+            slot = self.slot_of(s, req.block_table, p, block_size)
             if slot is None:
                 self.requests = []   # some rows advanced, others not: forget them all
                 return None
@@ -349,7 +349,7 @@ class DecodeState:
             self.computed[s] = p
         return self._batch(list(tokens), pos, new)
 
-    def _slot(self, s: int, table: list[int], p: int, block_size: int) -> int | None:
+    def slot_of(self, s: int, table: list[int], p: int, block_size: int) -> int | None:
         """Row s's slot of position p, its slots brought up to `table` (None: the table was rewritten or is short)."""
         old = self.tables[s]
         if table != old:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from modelcall.core.native import OnceLibrary
+from modelcall.core.native import INCLUDE, OnceLibrary
 from modelcall.plugins.runner import cpu_kernel, fused_ops, quant
 
 if TYPE_CHECKING:
@@ -52,10 +52,13 @@ class Stack(ctypes.Structure):
 def _declare(lib: ctypes.CDLL) -> None:
     lib.decode_stack.argtypes = [_p]
     lib.decode_stack.restype = _int
+    lib.decode_burst.argtypes = [_p, _p]
+    lib.decode_burst.restype = _int
 
 
 _LIB = OnceLibrary("decode_stack", declare=_declare, fallback="plain decode steps keep the per-layer loop",
-                   sources=(os.path.join(os.path.dirname(__file__), "csrc", "decode_stack.c"),))
+                   sources=(os.path.join(os.path.dirname(__file__), "csrc", "decode_stack.c"),),
+                   include_dirs=(INCLUDE,))
 
 # A projection: the quantized linears whose outputs sit side by side, in column order
 Parts = list[quant.QuantLinear]
@@ -73,7 +76,7 @@ def parts_of(linear: Any, modules: list[Any]) -> Parts | None:
     return None
 
 
-def _part(q: quant.QuantLinear, col: int) -> QPart:
+def part_of(q: quant.QuantLinear, col: int) -> QPart:
     qw = q.qweight
     n, k = qw.shape
     return QPart(w=qw.data.data_ptr(), bias=q.bias.data_ptr() if q.bias is not None else None,
@@ -96,14 +99,14 @@ class DecodeStack:
             a = self.layers[i]
             col = 0
             for j, q in enumerate(qkv):
-                a.qkv[j] = _part(q, col)
+                a.qkv[j] = part_of(q, col)
                 col += q.out_features
             col = 0
             for j, q in enumerate(gate_up):
-                a.gate_up[j] = _part(q, col)
+                a.gate_up[j] = part_of(q, col)
                 col += q.out_features
             a.n_qkv, a.n_gate_up = len(qkv), len(gate_up)
-            a.o, a.down = _part(o[0], 0), _part(down[0], 0)
+            a.o, a.down = part_of(o[0], 0), part_of(down[0], 0)
             pre_ff = getattr(L, "pre_ff", None)   # Gemma (lean_gemma.GemmaLayer): norm2 is the post-attention norm
             a.norm2 = (pre_ff if pre_ff is not None else L.norm2).data_ptr()
             if pre_ff is not None:
@@ -152,15 +155,19 @@ class DecodeStack:
                                                for width in (a.qkv_width, a.hidden, 2 * a.inter, a.inter))
         return tuple(b[:tokens] for b in have)
 
-    def run(self, h: torch.Tensor, x: torch.Tensor) -> None:
-        """All layers of a plain decode step (DecodeAttention.prepare done for it): `x` holds the first layer's
-        normed input and ends as the final-normed rows; `h`, the residual stream, is updated in place."""
+    def bind(self, h: torch.Tensor, x: torch.Tensor) -> None:
+        """Point the layers' arguments at a step of h's rows (DecodeAttention.prepare done for it)."""
         tokens = h.shape[0]
         qkv, tmp, gu, act = self._buffers(tokens, h.dtype)
         a = self.args
         a.tokens, a.h, a.x, a.qkv, a.tmp, a.gu, a.act = (tokens, h.data_ptr(), x.data_ptr(), qkv.data_ptr(),
                                                          tmp.data_ptr(), gu.data_ptr(), act.data_ptr())
         a.attn, a.bf16, a.nthreads = self.stack.plain.out_ptr, int(h.dtype == torch.bfloat16), torch.get_num_threads()
+
+    def run(self, h: torch.Tensor, x: torch.Tensor) -> None:
+        """All layers of a plain decode step (DecodeAttention.prepare done for it): `x` holds the first layer's
+        normed input and ends as the final-normed rows; `h`, the residual stream, is updated in place."""
+        self.bind(h, x)
         rc = self.fn(self.addr)
         if rc:
             raise RuntimeError(f"a quantized matmul of the decode stack failed (code {rc})")

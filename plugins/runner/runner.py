@@ -15,8 +15,8 @@ from modelcall.core.plan import kv_groups
 from modelcall.core.stages import Sampler
 from modelcall.events import now
 from modelcall.plugins.runner import (
-    attention, cpu_kernel, cuda_graphs, gguf_file, gguf_weights, heap, huge_pages, lean, lora_runner, omp_team,
-    quant_load, quant_repack,
+    attention, cpu_kernel, cuda_graphs, decode_burst, gguf_file, gguf_weights, heap, huge_pages, lean, lora_runner,
+    omp_team, quant_load, quant_repack,
 )
 from modelcall.plugins.runner.batch import DecodeState, StepBatch, build_step
 from modelcall.plugins.runner.loader import (
@@ -121,6 +121,9 @@ class TorchModelRunner:
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_size = 0
         self.decode_state = DecodeState()   # consecutive decode steps of the same requests: updated, not rebuilt
+        # a greedy burst's later steps in one C call (decode_burst.py); runner decode_burst false: Python steps
+        self.greedy_burst = (decode_burst.GreedyBurst.build(self) if runner_cfg.get("decode_burst", "auto")
+                             not in (False, "off", "false") else None)
         self._cpus = cpu_binding(config) if p.device.type == "cpu" else []
         self._bound = threading.local()   # binding is per OS thread: anyio may hand execute() a new worker
         log.info("loaded %s on %s (%s, kv %s; weights %.1f MB%s) in %.1fs", gguf["gguf_file"] if gguf else model_dir,
@@ -260,11 +263,19 @@ class TorchModelRunner:
         ends: list[float] = []
         with torch.inference_mode():
             step: StepBatch | None = build_step(plan, self.block_size, self.placement.device, 1, self.decode_state)
+            fast = self.greedy_burst if self.greedy_burst is not None and self.greedy_burst.usable(
+                plan, self.sampler) else None
             while step is not None:
                 ids, _ = self.sampler.sample(self._step_logits(plan, step), plan.chunks)
                 steps.append(list(ids))
                 ends.append(now())
                 if len(steps) == plan.num_steps:
+                    break
+                more = fast.run(self.decode_state, steps[-1], plan.num_steps - len(steps), self.block_size, self.kv,
+                                self.spec.layer_windows) if fast is not None else None
+                if more is not None:
+                    steps += more[0]
+                    ends += more[1]
                     break
                 step = self.decode_state.advance(steps[-1], self.block_size)
         return StepOutput(token_ids=list(steps[0]), forward_s=time.perf_counter() - t0, burst=steps, burst_ts=ends)

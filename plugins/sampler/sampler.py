@@ -40,6 +40,8 @@ class TorchSampler:
     # Decode bursts may run on it (core.stages.Sampler): only penalties, min_tokens and processors read a request's
     # tokens, and core/burst.py keeps requests using any of them out of bursts
     burst_safe = True
+    # a greedy request's token is its logits row's first maximum (argmax below): a runner may take it itself
+    greedy_argmax = True
 
     def __init__(self) -> None:
         self._batch: list[Any] = []          # the requests of the last batch, in order

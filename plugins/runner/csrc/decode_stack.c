@@ -16,6 +16,9 @@
  * followed by a norm in place: post_attn, post_ff) and multiplies by gelu_tanh(gate) instead of silu(gate).
  */
 #include <stdint.h>
+#include <time.h>
+
+#include "bf16.h"
 
 typedef int (*qmatmul_fn)(int, const uint8_t *, int64_t, int64_t, int64_t, const void *, int, int64_t, int64_t,
                           void *, int, int64_t, const float *, int);
@@ -85,6 +88,77 @@ int decode_stack(const stack_t *s) {
         if ((rc = project(s, &L->down, 1, s->act, I, s->tmp, H))) return rc;
         if (L->post_ff) s->add_rmsnorm(0, 0, s->tmp, H, s->tmp, H, L->post_ff, T, H, s->eps, s->bf16, s->nthreads);
         s->add_rmsnorm(s->tmp, H, s->h, H, s->x, H, L->next_norm, T, H, s->eps, s->bf16, s->nthreads);
+    }
+    return 0;
+}
+
+/* ---- decode bursts: the steps after a burst's first, with no Python between them (runner/decode_burst.py) ----
+ *
+ * A step of rows that decode greedily: their ids' embedding rows (dequantized), the first layer's norm, every layer
+ * (decode_stack), the lm_head, each row's first maximum; then positions and K/V slots one further. The same calls
+ * on the same buffers as lean.LeanStack.forward, TorchModelRunner._head and the sampler's argmax: the same bits. */
+
+
+typedef int (*dequant_fn)(int, const uint8_t *, int64_t, int64_t, int64_t, const int64_t *, int64_t, int64_t, void *,
+                          int, int64_t, int);
+
+typedef struct {
+    stack_t *stack;                /* every layer; its h and x are [rows][hidden] buffers of the burst's own */
+    dequant_fn dequant;            /* quant_dequantize_rows */
+    qpart_t embed, head;           /* the token table, looked up by id, and the lm_head (a tied one: the same bytes) */
+    const void *norm1;             /* the first layer's input norm */
+    void *logits;                  /* [rows][vocab], the activations' dtype */
+    int64_t *ids, *pos, *slot;     /* [rows] each: a step's inputs, positions and K/V slots (the attention's step and
+                                      layers point at pos and slot) */
+    const int64_t *slots;          /* [rows][slots_stride]: the slot of every context position (DecodeState.slots) */
+    int64_t rows, slots_stride, steps;
+    int64_t *out;                  /* [steps][rows]: the tokens chosen */
+    double *ends;                  /* [steps]: CLOCK_MONOTONIC seconds at each step's end (Python's time.monotonic) */
+} burst_t;
+
+/* The index of the first maximum of row[0..n): the sampler's argmax (ties to the lowest index) */
+static int64_t first_max(const void *row, int64_t n, int bf16) {
+    int64_t best = 0;
+    if (bf16) {
+        const uint16_t *r = (const uint16_t *)row;
+        float m = bf2f(r[0]);
+        for (int64_t i = 1; i < n; i++) {
+            const float v = bf2f(r[i]);
+            if (v > m) { m = v; best = i; }
+        }
+        return best;
+    }
+    const float *r = (const float *)row;
+    float m = r[0];
+    for (int64_t i = 1; i < n; i++) if (r[i] > m) { m = r[i]; best = i; }
+    return best;
+}
+
+/* Runs b->steps steps; returns 0, or a quantized matmul's or lookup's non-zero code (the steps before it stand:
+ * out and ends hold them, and *done counts them) */
+int decode_burst(const burst_t *b, int64_t *done) {
+    stack_t *s = b->stack;
+    const int64_t R = b->rows, H = s->hidden, V = b->head.n, es = s->bf16 ? 2 : 4;
+    *done = 0;
+    for (int64_t j = 0; j < b->steps; j++) {
+        int rc = b->dequant(b->embed.qt, b->embed.w, b->embed.row_bytes, b->embed.n, H, b->ids, 0, R, s->h, s->bf16,
+                            H, s->nthreads);
+        if (rc) return rc;
+        s->add_rmsnorm(0, 0, s->h, H, s->x, H, b->norm1, R, H, s->eps, s->bf16, s->nthreads);
+        if ((rc = decode_stack(s))) return rc;
+        const qmatmul_fn mm = b->head.int8 ? s->qmatmul_int8 : s->qmatmul;
+        if ((rc = mm(b->head.qt, b->head.w, b->head.row_bytes, V, H, s->x, s->bf16, H, R, b->logits, s->bf16, V,
+                     b->head.bias, s->nthreads)))
+            return rc;
+        for (int64_t r = 0; r < R; r++) {
+            b->out[j * R + r] = b->ids[r] = first_max((const char *)b->logits + r * V * es, V, s->bf16);
+            b->pos[r] += 1;
+            b->slot[r] = b->slots[r * b->slots_stride + b->pos[r]];
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        b->ends[j] = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+        *done = j + 1;
     }
     return 0;
 }
