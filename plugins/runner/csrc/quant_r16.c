@@ -224,7 +224,7 @@ INLINE void r16_tile(const int base, const int nb, const uint8_t *p, int64_t G, 
  * 512-bit dot product a cycle at 3.6 GHz), Q8_0, SmolLM2's four matrices x 30 layers, 128 rows, one thread. */
 INLINE void r16_tile16(const int base, const int nb, const uint8_t *p, int64_t G, int64_t tg, const int8_t *xq,
                        int64_t xrow, const float *dx, const int32_t *sq, const int32_t *off, float *out) {
-    const int hdr = r16_hdr(base);
+    const int hdr = r16_hdr(base), S = nb <= 2 ? 2 : 1;
     __m512 tot[R16_NB], tm[R16_NB];
     for (int b = 0; b < nb; b++) tot[b] = tm[b] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++, p += tg) {
@@ -232,39 +232,46 @@ INLINE void r16_tile16(const int base, const int nb, const uint8_t *p, int64_t G
         const int8_t *xg = xq + 64 * g;
         for (int64_t at = 0; nb == R16_NB && at < tg; at += 64)   /* the next tile's group: 1.1x at 16 rows */
             _mm_prefetch((const char *)(p + G * tg + at), _MM_HINT_T0);
-        __m512i hi[R16_NB], lo[R16_NB];
+        /* S sets of accumulators, chunk c in set c % S: at one or two x rows a group's chains of 8 dependent
+         * vpdpbusd were its time (latency, not throughput); S = 2 halves them. The int32 sums are the same. */
+        __m512i hi[2][R16_NB], lo[2][R16_NB];
         for (int b = 0; b < nb; b++) {   /* lo starts at -off: the offset taken out with no instruction more */
-            hi[b] = _mm512_setzero_si512();
-            lo[b] = _mm512_set1_epi32(r16_code_offset(base) ? -off[b * G + g] : 0);
+            hi[0][b] = hi[1][b] = lo[1][b] = _mm512_setzero_si512();
+            lo[0][b] = _mm512_set1_epi32(r16_code_offset(base) ? -off[b * G + g] : 0);
         }
 #define X4(b, i) _mm512_set1_epi32(((const int32_t *)(xg + (b) * xrow))[i])
-#define DOT(u, w, i)                                                                                      \
+#define DOT(u, w, i, s)                                                                                   \
         for (int b = 0; b < nb; b++) {                                                                    \
-            hi[b] = _mm512_dpbusd_epi32(hi[b], u, X4(b, i));                                              \
-            lo[b] = _mm512_dpbusd_epi32(lo[b], X4(b, 8 + (i)), w);                                        \
+            hi[s][b] = _mm512_dpbusd_epi32(hi[s][b], u, X4(b, i));                                        \
+            lo[s][b] = _mm512_dpbusd_epi32(lo[s][b], X4(b, 8 + (i)), w);                                  \
         }
         if (base == GT_Q8_0) {
             const __m512i flip = _mm512_set1_epi8((char)0x80);
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) {
                 const __m512i u = _mm512_loadu_si512(codes + 64 * c), q = _mm512_xor_si512(u, flip);
-                DOT(u, q, c)
+                DOT(u, q, c, S > 1 ? c & 1 : 0)
             }
         } else {
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
                 __m512i a, bb;
                 r16_nibbles(base, codes, c, &a, &bb);
-                DOT(a, a, c)
-                DOT(bb, bb, 4 + c)
+                DOT(a, a, c, 0)
+                DOT(bb, bb, 4 + c, S > 1 ? 1 : 0)
             }
         }
 #undef DOT
 #undef X4
+        if (S > 1)
+            for (int b = 0; b < nb; b++) {
+                hi[0][b] = _mm512_add_epi32(hi[0][b], hi[1][b]);
+                lo[0][b] = _mm512_add_epi32(lo[0][b], lo[1][b]);
+            }
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         for (int b = 0; b < nb; b++) {
             const float xd = dx[b * G + g];
-            const __m512i a = _mm512_add_epi32(_mm512_slli_epi32(hi[b], 8), lo[b]);
+            const __m512i a = _mm512_add_epi32(_mm512_slli_epi32(hi[0][b], 8), lo[0][b]);
             tot[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(d, _mm512_set1_ps(xd)), tot[b]);
             if (r16_has_m(base))   /* m * dx * sum(x) */
                 tm[b] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32))),

@@ -170,7 +170,9 @@ INLINE void r16k_tile(const int base, const int x16, const int32_t *sh, const in
                     const int32_t *x4 = (const int32_t *)(xq + b * xrow + 64 * g);   /* [high: 8][low: 8] */
                     ah[b] = _mm512_dpbusd_epi32(ah[b], lo, _mm512_set1_epi32(x4[c]));
                     al[b] = _mm512_dpbusd_epi32(al[b], _mm512_set1_epi32(x4[8 + c]), lo);
-                    if (q6) {
+                    /* Q4_K's halves share a scale, but keep their own sums where nb <= 2: at one x row the
+                     * chains of 8 dependent vpdpbusd were the time, not their throughput (added up below) */
+                    if (q6 || nb <= 2) {
                         bh[b] = _mm512_dpbusd_epi32(bh[b], hi, _mm512_set1_epi32(x4[4 + c]));
                         bl[b] = _mm512_dpbusd_epi32(bl[b], _mm512_set1_epi32(x4[12 + c]), hi);
                     } else {   /* one scale for both halves */
@@ -178,6 +180,10 @@ INLINE void r16k_tile(const int base, const int x16, const int32_t *sh, const in
                         al[b] = _mm512_dpbusd_epi32(al[b], _mm512_set1_epi32(x4[12 + c]), hi);
                     }
                 }
+            }
+            for (int b = 0; b < nb && !q6 && nb <= 2; b++) {
+                ah[b] = _mm512_add_epi32(ah[b], bh[b]);
+                al[b] = _mm512_add_epi32(al[b], bl[b]);
             }
             for (int b = 0; b < nb; b++) {
                 const __m512 xs = _mm512_set1_ps(dx[b * G + g]);
