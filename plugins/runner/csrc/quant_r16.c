@@ -392,6 +392,38 @@ static void r16_quantize_row(int base, int x16, const void *x, int x_bf16, int64
 }
 
 #define R16_PAR_PREP 8   /* x rows from which the threads share quantizing them */
+#define R16_STACK_K 4096   /* x values (rows x K) up to which the quantized x sits on the stack, not the heap */
+
+/* what one r16_qmatmul call hands each tile: the weight, the quantized x rows and where the results go */
+typedef struct {
+    r16_fn fn;
+    const uint8_t *w;
+    int64_t row_bytes, G, tg, xrow;
+    const int8_t *xq;
+    const float *dx, *bias;
+    const int32_t *sq, *sh;
+    int split, y_bf16;
+    void *y;
+    int64_t ys;
+} r16_call;
+
+/* tile t (16 rows) against x rows [bb, be), R16_NB at a time, into y */
+static void r16_tile_rows(const r16_call *c, int64_t t, int64_t bb, int64_t be) {
+    const int64_t G = c->G;
+    for (int64_t b0 = bb; b0 < be; b0 += R16_NB) {
+        const int nb = be - b0 < R16_NB ? (int)(be - b0) : R16_NB;
+        float o[16 * R16_NB];
+        c->fn(c->w + t * 16 * c->row_bytes, G, c->tg, nb, c->xq + b0 * c->xrow, c->xrow, c->dx + b0 * G,
+              c->sq + b0 * G, c->sh + (c->split ? 1 : 2) * b0 * G, o);
+        for (int b = 0; b < nb; b++)
+            for (int r = 0; r < 16; r++) {
+                const int64_t n = t * 16 + r;
+                const float v = o[16 * b + r] + (c->bias ? c->bias[n] : 0.0f);
+                if (c->y_bf16) ((uint16_t *)c->y)[(b0 + b) * c->ys + n] = f2bf(v);
+                else ((float *)c->y)[(b0 + b) * c->ys + n] = v;
+            }
+    }
+}
 
 /* quant_qmatmul's contract for an r16 weight (type base + R16_OFF), x quantized to int8 groups first */
 static int r16_qmatmul(int base, const uint8_t *w, int64_t row_bytes, int64_t N, int64_t K, const void *x,
@@ -401,13 +433,22 @@ static int r16_qmatmul(int base, const uint8_t *w, int64_t row_bytes, int64_t N,
     if (!r16_block(base, &bs, &bpb)) return -1;
     if (K % bs || N % 16) return -2;
     const int64_t G = K / 32, tg = 16 * (int64_t)bpb;   /* bytes of a tile-block: a group, or a K format's 8 */
-    int8_t *xq = (int8_t *)malloc((size_t)(B * K * (x16 ? 2 : 1) + 64));   /* int16 x where x16 */
-    float *dx = (float *)malloc((size_t)(B * G + 1) * sizeof(float));
-    int32_t *sq = (int32_t *)malloc((size_t)(3 * B * G + 1) * sizeof(int32_t)), *sh = sq + B * G;   /* sh: halves */
-    if (!xq || !dx || !sq) { free(xq); free(dx); free(sq); return -3; }
+    /* NOTE: a decode step's calls (one x row) keep their quantized x on the stack: three mallocs and frees were
+     * ~0.1 us of a call whose weights stream in ~2 us (192 x 576) */
+    int8_t xq_s[2 * R16_STACK_K + 64];
+    float dx_s[R16_STACK_K / 32 + 1];
+    int32_t sq_s[3 * (R16_STACK_K / 32) + 1];
+    const int small = B * K <= R16_STACK_K;
+    int8_t *xq = small ? xq_s : (int8_t *)malloc((size_t)(B * K * (x16 ? 2 : 1) + 64));   /* int16 x where x16 */
+    float *dx = small ? dx_s : (float *)malloc((size_t)(B * G + 1) * sizeof(float));
+    int32_t *sq = small ? sq_s : (int32_t *)malloc((size_t)(3 * B * G + 1) * sizeof(int32_t)), *sh = sq + B * G;
+    if (!xq || !dx || !sq) {   /* sh: halves */
+        if (!small) { free(xq); free(dx); free(sq); }
+        return -3;
+    }
     const int split = x16 && !r16_k_format(base);   /* r16_tile16's: one offset a group at sh */
-    const r16_fn fn = r16_kernel(base, x16);
-    const int64_t xrow = x16 ? 2 * K : K;   /* bytes of one quantized x row */
+    const r16_call c = {r16_kernel(base, x16), w, row_bytes, G, tg, x16 ? 2 * K : K, xq, dx, bias, sq, sh, split,
+                        y_bf16, y, ys};   /* xrow: bytes of one quantized x row */
     const int64_t tiles = N / 16;
     const int par = nt > 1 && tiles >= 2 && N * K >= PAR_MIN;
     /* x rows in blocks of R16_ROW_BLOCK, each block against every tile: a block's quantized x stays in L2 while
@@ -416,34 +457,28 @@ static int r16_qmatmul(int base, const uint8_t *w, int64_t row_bytes, int64_t N,
      * the same tiles for every block */
     const int par_prep = par && B >= R16_PAR_PREP;
     for (int64_t b = 0; b < B && !par_prep; b++) r16_quantize_row(base, x16, x, x_bf16, xs, b, K, xq, dx, sq, sh);
-#pragma omp parallel num_threads(nt) if (par)
-    {
-        if (par_prep) {
+    if (!par) {   /* no OpenMP region: one thread's call skips its fixed cost (~0.1 us, a decode step's ~200 calls) */
+        for (int64_t bb = 0; bb < B; bb += R16_ROW_BLOCK)
+            for (int64_t t = 0; t < tiles; t++) r16_tile_rows(&c, t, bb, B - bb < R16_ROW_BLOCK ? B : bb + R16_ROW_BLOCK);
+    } else {
+#pragma omp parallel num_threads(nt)
+        {
+            if (par_prep) {
 #pragma omp for schedule(static)
-            for (int64_t b = 0; b < B; b++) r16_quantize_row(base, x16, x, x_bf16, xs, b, K, xq, dx, sq, sh);
-        }
-        for (int64_t bb = 0; bb < B; bb += R16_ROW_BLOCK) {
-            const int64_t be = B - bb < R16_ROW_BLOCK ? B : bb + R16_ROW_BLOCK;
+                for (int64_t b = 0; b < B; b++) r16_quantize_row(base, x16, x, x_bf16, xs, b, K, xq, dx, sq, sh);
+            }
+            for (int64_t bb = 0; bb < B; bb += R16_ROW_BLOCK) {
+                const int64_t be = B - bb < R16_ROW_BLOCK ? B : bb + R16_ROW_BLOCK;
 #pragma omp for schedule(static) nowait
-            for (int64_t t = 0; t < tiles; t++)
-                for (int64_t b0 = bb; b0 < be; b0 += R16_NB) {
-                    const int nb = be - b0 < R16_NB ? (int)(be - b0) : R16_NB;
-                    float o[16 * R16_NB];
-                    fn(w + t * 16 * row_bytes, G, tg, nb, xq + b0 * xrow, xrow, dx + b0 * G, sq + b0 * G,
-                       sh + (split ? 1 : 2) * b0 * G, o);
-                    for (int b = 0; b < nb; b++)
-                        for (int r = 0; r < 16; r++) {
-                            const int64_t n = t * 16 + r;
-                            const float v = o[16 * b + r] + (bias ? bias[n] : 0.0f);
-                            if (y_bf16) ((uint16_t *)y)[(b0 + b) * ys + n] = f2bf(v);
-                            else ((float *)y)[(b0 + b) * ys + n] = v;
-                        }
-                }
+                for (int64_t t = 0; t < tiles; t++) r16_tile_rows(&c, t, bb, be);
+            }
         }
     }
-    free(xq);
-    free(dx);
-    free(sq);
+    if (!small) {
+        free(xq);
+        free(dx);
+        free(sq);
+    }
     return 0;
 }
 #else
