@@ -134,7 +134,9 @@ INLINE void r16k_tile(const int base, const int x16, const int32_t *sh, const in
         const __m512 sb = q6 ? _mm512_mul_ps(d, bytes16_ps(sbp + 48 + 32 * s, 1)) : sa;
         const __m512 dmn = q6 ? sa : _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sbp + 32))),
                                                    bytes16_ps(sbp + 192 + 16 * s, 1));   /* Q4_K: dmin * mn */
-        for (int b = 0; b < nb; b++) {   /* the offsets: Q4_K - dmin mn dx sum(x); Q6_K - 32 dx (sa sum_a + sb sum_b) */
+        /* the offsets: Q4_K - dmin mn dx sum(x); Q6_K - 32 dx (sa sum_a + sb sum_b), which int16 x takes out of
+         * its int32 sums instead (below) */
+        for (int b = 0; b < nb && !(q6 && x16); b++) {
             const float xd = dx[b * G + g];
             const int32_t *h = sh + 2 * (b * G + g);
             tot[b] = q6 ? _mm512_fmadd_ps(sa, _mm512_set1_ps(-32.0f * xd * (float)h[0]),
@@ -161,7 +163,14 @@ INLINE void r16k_tile(const int base, const int x16, const int32_t *sh, const in
             }
         } else {      /* x split into its bytes (r16_tile16): high against the codes, low with them; lanes = rows */
             __m512i ah[R16_NB], al[R16_NB], bh[R16_NB], bl[R16_NB];
-            for (int b = 0; b < nb; b++) ah[b] = al[b] = bh[b] = bl[b] = _mm512_setzero_si512();
+            /* Q6_K's u = q + 32: each half's low-byte sum starts at -32 sum(x) of its 16 x, exact in int32
+             * (|32 sum| < 2^24): two fused multiply-adds a group fewer, and one row from memory ~18 -> ~23 GB/s */
+            for (int b = 0; b < nb; b++) {
+                const int32_t *h = sh + 2 * (b * G + g);
+                ah[b] = bh[b] = _mm512_setzero_si512();
+                al[b] = _mm512_set1_epi32(q6 ? -32 * h[0] : 0);
+                bl[b] = _mm512_set1_epi32(q6 ? -32 * h[1] : 0);
+            }
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
                 __m512i lo, hi;
