@@ -459,7 +459,8 @@ static int r16_qmatmul(int base, const uint8_t *w, int64_t row_bytes, int64_t N,
     for (int64_t b = 0; b < B && !par_prep; b++) r16_quantize_row(base, x16, x, x_bf16, xs, b, K, xq, dx, sq, sh);
     if (!par) {   /* no OpenMP region: one thread's call skips its fixed cost (~0.1 us, a decode step's ~200 calls) */
         for (int64_t bb = 0; bb < B; bb += R16_ROW_BLOCK)
-            for (int64_t t = 0; t < tiles; t++) r16_tile_rows(&c, t, bb, B - bb < R16_ROW_BLOCK ? B : bb + R16_ROW_BLOCK);
+            for (int64_t t = 0; t < tiles; t++)
+                r16_tile_rows(&c, t, bb, B - bb < R16_ROW_BLOCK ? B : bb + R16_ROW_BLOCK);
     } else {
 #pragma omp parallel num_threads(nt)
         {
