@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -130,6 +131,12 @@ def runner_config() -> str:
     return os.environ.get("MODELCALL_BENCH_RUNNER", "")
 
 
+def serve_options() -> list[str]:
+    """MODELCALL_BENCH_SERVE: more `modelcall serve` options the servers run with (e.g. '--burst-budget-ms 100'),
+    empty for the defaults."""
+    return shlex.split(os.environ.get("MODELCALL_BENCH_SERVE", ""))
+
+
 def peer_env(engine: str, omp: str | None) -> dict[str, str]:
     """The engine's environment: llama.cpp at its defaults (OMP_WAIT_POLICY unset), modelcall as asked."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
@@ -154,6 +161,7 @@ class Server:
                     str(self.port), "--max-running", str(max(slots, 1))]
             if runner_config():
                 argv += ["--plugin-config", f"runner={runner_config()}"]
+            argv += serve_options()
         self.argv = ["taskset", "-c", cpus, *argv]
         self.env = peer_env(engine, omp)
         self.log = log

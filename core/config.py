@@ -73,8 +73,8 @@ class KernelConfig(msgspec.Struct, kw_only=True):
     # burst_budget_ms at the last step's time (tokens reach clients at most that late, arrivals wait at most that
     # long). 1: off; off too with speculative decoding (its drafts are proposed step by step). The runner caps it
     # (the CPU decode path only; 1 elsewhere).
-    num_scheduler_steps: int = 8
-    burst_budget_ms: float = 40.0
+    num_scheduler_steps: int = 32
+    burst_budget_ms: float = 100.0
     # Multi-LoRA (docs/lora.md), vLLM's flags: PEFT adapter directories served beside the base model, picked by a
     # request's `model`; max_loras: distinct adapters in one step; max_cpu_loras: adapters kept loaded (least
     # recently used evicted, reloaded from disk when asked again; None: every registered one); max_lora_rank: a

@@ -149,7 +149,9 @@ async def test_pooling_requests_join_a_running_generation_without_changing_it(la
     finish while it runs; its greedy tokens are the ones it makes alone (with async scheduling too)."""
     from modelcall.events import TokensEmitted
     ref = reference(last_dir, TEXTS)
-    async with kernel_of(last_dir, max_num_batched_tokens=16, async_scheduling=async_scheduling) as k:
+    # NOTE: single steps: arrivals wait out a decode burst (core/burst.py), which may outlast this short generation
+    async with kernel_of(last_dir, max_num_batched_tokens=16, async_scheduling=async_scheduling,
+                         num_scheduler_steps=1) as k:
         alone = await k.complete("Once upon a time", max_tokens=40, temperature=0.0, ignore_eos=True)
         gen = await k.submit("Once upon a time", max_tokens=40, temperature=0.0, ignore_eos=True)
         tokens, pooled_at, handles = [], [], []

@@ -77,14 +77,14 @@ class GreedyBurst:
         return (getattr(sampler, "greedy_argmax", False) and all(c.request.params.greedy for c in plan.chunks)
                 and rows <= one_row_kernels and (cpu_kernel.MIN_SPLIT == 0 or torch.get_num_threads() == 1))
 
-    def run(self, state: DecodeState, tokens: list[int], steps: int, block_size: int, kv: list,
+    def run(self, state: DecodeState, tokens: list[int], first: list[int], steps: int, block_size: int, kv: list,
             windows: tuple[int, ...]) -> tuple[list[list[int]], list[float]] | None:
-        """`steps` more steps of the requests `state` last stepped, which chose `tokens`: each step's tokens and end
-        time, `state` kept as the Python steps would leave it. None (nothing run): not here."""
+        """`steps` steps of the requests `state` holds (its last decode step's, in order), fed `tokens` at positions
+        `first` (one each): each step's tokens and end time, `state` left as the Python steps would leave it. None
+        (nothing run): not here."""
         reqs, rows = state.requests, len(tokens)
         if not reqs or len(reqs) != rows or state.slots is None:
             return None
-        first = [c + 1 for c in state.computed]
         slots = []
         for s, req in enumerate(reqs):   # every slot the burst writes, filled in state.slots (and checked) now
             last = first[s] + steps - 1

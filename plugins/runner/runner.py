@@ -263,19 +263,20 @@ class TorchModelRunner:
         ends: list[float] = []
         with torch.inference_mode():
             step: StepBatch | None = build_step(plan, self.block_size, self.placement.device, 1, self.decode_state)
-            fast = self.greedy_burst if self.greedy_burst is not None and self.greedy_burst.usable(
-                plan, self.sampler) else None
+            if (step is not None and self.greedy_burst is not None and self.greedy_burst.usable(plan, self.sampler)
+                    and step.last_rows == list(range(len(plan.chunks)))):   # one row a request, in plan order
+                # every step in C (decode_burst.py), from the inputs the step just built holds
+                done = self.greedy_burst.run(self.decode_state, step.input_ids[0].tolist(), step.positions[0].tolist(),
+                                             plan.num_steps, self.block_size, self.kv, self.spec.layer_windows)
+                if done is not None:
+                    steps, ends = done
+                    return StepOutput(token_ids=list(steps[0]), forward_s=time.perf_counter() - t0, burst=steps,
+                                      burst_ts=ends)
             while step is not None:
                 ids, _ = self.sampler.sample(self._step_logits(plan, step), plan.chunks)
                 steps.append(list(ids))
                 ends.append(now())
                 if len(steps) == plan.num_steps:
-                    break
-                more = fast.run(self.decode_state, steps[-1], plan.num_steps - len(steps), self.block_size, self.kv,
-                                self.spec.layer_windows) if fast is not None else None
-                if more is not None:
-                    steps += more[0]
-                    ends += more[1]
                     break
                 step = self.decode_state.advance(steps[-1], self.block_size)
         return StepOutput(token_ids=list(steps[0]), forward_s=time.perf_counter() - t0, burst=steps, burst_ts=ends)
