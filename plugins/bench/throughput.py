@@ -112,6 +112,8 @@ async def bench(args: argparse.Namespace) -> float:
         config["dtype"] = args.dtype
     if getattr(args, "async_scheduling", None) is not None:
         config["async_scheduling"] = args.async_scheduling
+    if getattr(args, "num_scheduler_steps", None) is not None:
+        config["num_scheduler_steps"] = args.num_scheduler_steps
     if args.cpu_bind != "off":
         config["plugin_config"] = {"runner": {"cpu_bind": args.cpu_bind}}
     async with Kernel(plugins=[meter], **config) as kernel:
@@ -151,6 +153,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--cold", action="store_true", help="reset the prefix cache before each run (every prompt computed)")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="post-process step N while step N+1's forward runs (default: the kernel's)")
+    p.add_argument("--num-scheduler-steps", type=int, default=None, metavar="N",
+                   help="decode bursts of up to N steps, 1: off (default: the kernel's)")
 
 
 def run(args: argparse.Namespace) -> int:
