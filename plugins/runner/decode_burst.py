@@ -1,19 +1,19 @@
-"""A decode burst's later steps with no Python between them, for greedy rows on the quantized decode stack.
+"""A greedy decode burst in one C call on the quantized decode stack: no Python between its steps.
 
 In a burst (core/burst.py) each step after the first is fed the tokens the last one chose. For rows that decode
-greedily through the lean stack's one-call layers (decode_stack.py), such a step is five C calls: the ids' rows of the
+greedily through the lean stack's one-call layers (decode_stack.py), a step is five C calls: the ids' rows of the
 quantized token table, the first layer's norm, every layer, the lm_head and each row's first maximum; then each
-position and K/V slot moves one further. `decode_burst` (csrc/decode_stack.c) runs them for all the burst's later
-steps. What the Python path spends around them, ~0.35 ms a step on SmolLM2 at one thread (the step's tensors, the
-attention's arguments, the head's module call, the sampler), each piece with an interpreter its weight stream has
-left cold, is spent once a burst instead.
+position and K/V slot moves one further. `decode_burst` (csrc/decode_stack.c) runs every step of the burst, from the
+inputs the runner's first decode batch holds. What the Python path spends around those calls, ~0.35 ms a step on
+SmolLM2 at one thread (the step's tensors, the attention's arguments, the head's module call, the sampler), each piece
+with an interpreter its weight stream has left cold, is spent once a burst instead.
 
 The same bits as that path: the same functions on the same buffers in the same order, and the sampler's greedy
 choice is the row's first maximum (a sampler says so with `greedy_argmax`; core.stages.Sampler). Taken only where
 the Python path would run exactly those calls: the lean Llama-like stack (not Gemma's, whose embedding is scaled),
-a quantized table and head with no logit scaling or soft-cap, every row greedy, no more rows than the decode stack
-and the head keep their one-row kernels for, attention on one thread a row (MIN_SPLIT 0), and the attention path
-`prepare` accepts. Otherwise the runner's Python steps go on (`run` returns None).
+a quantized (or F16/BF16 GGUF) table and head with no logit scaling or soft-cap, every row greedy, no more rows than
+the decode stack and the head keep their one-row kernels for, attention on one thread a row (MIN_SPLIT 0), and the
+attention path `prepare` accepts. Otherwise the runner's Python steps go on (`run` returns None).
 """
 from __future__ import annotations
 

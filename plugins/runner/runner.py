@@ -121,7 +121,7 @@ class TorchModelRunner:
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_size = 0
         self.decode_state = DecodeState()   # consecutive decode steps of the same requests: updated, not rebuilt
-        # a greedy burst's later steps in one C call (decode_burst.py); runner decode_burst false: Python steps
+        # a greedy decode burst in one C call (decode_burst.py); runner decode_burst false: Python steps
         self.greedy_burst = (decode_burst.GreedyBurst.build(self) if runner_cfg.get("decode_burst", "auto")
                              not in (False, "off", "false") else None)
         self._cpus = cpu_binding(config) if p.device.type == "cpu" else []

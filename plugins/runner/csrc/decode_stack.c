@@ -92,7 +92,7 @@ int decode_stack(const stack_t *s) {
     return 0;
 }
 
-/* ---- decode bursts: the steps after a burst's first, with no Python between them (runner/decode_burst.py) ----
+/* ---- decode bursts: every step of a greedy burst, with no Python between them (runner/decode_burst.py) ----
  *
  * A step of rows that decode greedily: their ids' embedding rows (dequantized), the first layer's norm, every layer
  * (decode_stack), the lm_head, each row's first maximum; then positions and K/V slots one further. The same calls
