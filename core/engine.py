@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import anyio
 
 from modelcall.core.burst import BurstPolicy
+from modelcall.core.forward import ForwardWorker
 from modelcall.core.output import Released
 from modelcall.core.plan import SchedulePlan, StepOutput
 from modelcall.core.pooling import Pooler
@@ -69,7 +68,7 @@ class Engine:
         self.step_count = 0
         self._stale_checked = 0   # step_count at the last look for stale streams
         self.last_error: str | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        self.forwards = ForwardWorker(runner, scheduler)   # the worker thread and the blocks a forward may read
         # Speculative decoding (core/speculative.py), set by the kernel when configured: None is off.
         self.speculator: Any = None
         # The model's pooling stage (core/pooling.py), set by the kernel: None when it pools nothing.
@@ -80,8 +79,6 @@ class Engine:
         self._overlap = False
         # Decode bursts (core/burst.py), set by the kernel from its config: None is off.
         self.bursts: BurstPolicy | None = None
-        self._in_flight = False               # a forward is running: ended requests keep their blocks
-        self._deferred: list[Request] = []    # ended while a forward ran: scheduler.finish once it is done
 
     # ---- entry from other tasks (same event loop) ---------------------------------------
 
@@ -123,14 +120,12 @@ class Engine:
                     continue
                 held = await self._step(held)
         finally:
-            self._forward_returned()
+            self.forwards.returned()
             if held is not None:
                 self._publish(held)
             self.alive = False
             self._abort_all("abort")
-            if self._executor is not None:
-                self._executor.shutdown(wait=False)
-                self._executor = None
+            self.forwards.shutdown()
 
     def _admit(self, held: HeldStep | None) -> HeldStep | None:
         """Arrivals join the scheduler; aborts land once no held step still has their tokens to post-process
@@ -170,7 +165,7 @@ class Engine:
         t1 = now()
         events: list[Any] = []
         self._note_scheduling(plan, t1, events)
-        forward = self._start_forward(plan) if plan else None
+        forward = self.forwards.start(plan) if plan else None
         if held is not None:
             self._publish(held)  # step N's output stage, while step N+1's forward computes
         if self._overlap or forward is None:
@@ -185,12 +180,12 @@ class Engine:
         try:
             output = await forward
         except Exception as e:  # the step failed: fail its requests, keep the engine alive
-            self._forward_returned()
+            self.forwards.returned()
             self._fail_step(plan, e, events)
             self.bus.publish(events)
             return None
         t2 = now()
-        self._forward_returned()
+        self.forwards.returned()
         if self.bursts is not None:
             self.bursts.observe(plan, output.forward_s or (t2 - t1), len(output.burst) if output.burst else 1)
         if output.burst is not None:   # every token through its output stage now: nothing held
@@ -254,7 +249,7 @@ class Engine:
     # ---- prefill / decode: one forward of the plan, sampling included, in the worker thread ---
 
     def _overlap_ok(self) -> bool:
-        """Async scheduling needs the plan handed to the worker thread at once (asyncio, see `_start_forward`)."""
+        """Async scheduling needs the plan handed to the worker thread at once (asyncio, see ForwardWorker.start)."""
         if not self.async_scheduling:
             return False
         try:
@@ -262,35 +257,6 @@ class Engine:
         except RuntimeError:
             return False
         return True
-
-    def _worker(self) -> ThreadPoolExecutor:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="modelcall-step")
-        return self._executor
-
-    def _start_forward(self, plan: SchedulePlan) -> Awaitable[StepOutput]:
-        """Hand `plan` to the engine's worker thread (prefill and decode rows in one forward, then
-        sampling); from here until it is awaited, ended requests keep their blocks.
-
-        NOTE: anyio.to_thread.run_sync yields to the event loop *before* handing work to its thread,
-        so every consumer the last step woke (an SSE handler per streaming request) would run before
-        this forward starts, serializing front-end work with the model. On asyncio the plan is
-        handed over first and the consumers run while the forward computes.
-        """
-        self._in_flight = True
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # another anyio backend
-            return anyio.to_thread.run_sync(self.runner.execute, plan)
-        return loop.run_in_executor(self._worker(), self.runner.execute, plan)
-
-    def _forward_returned(self) -> None:
-        """The forward handed over by `_start_forward` is done: requests ended meanwhile free their blocks."""
-        self._in_flight = False
-        if self._deferred:
-            deferred, self._deferred = self._deferred, []
-            for req in deferred:
-                self.scheduler.finish(req)
 
     def _fail_step(self, plan: SchedulePlan, e: Exception, events: list) -> None:
         log.exception("model step failed")
@@ -340,12 +306,11 @@ class Engine:
         appended and through its output stage at its own step's time; a request ended keeps none of its later ones."""
         assert output.burst is not None and output.burst_ts is not None
         for tokens, t in zip(output.burst, output.burst_ts):
-            for chunk, token in zip(plan.chunks, tokens):
+            for i, (chunk, token) in enumerate(zip(plan.chunks, tokens)):
                 req = chunk.request
                 if req.status is Status.FINISHED:
                     continue
-                req.num_computed_tokens += 1
-                self.kv.commit(req)
+                self._computed(chunk, output, i, t, events)
                 rec = self.records[req.request_id]
                 self._append(rec, token, t, events)
                 self._emit(rec, token, None, t, events)
@@ -455,10 +420,7 @@ class Engine:
             if out.calls:
                 self._requested(rec, out, events)
         req.finish_reason, req.stop_reason = out.reason or "abort", out.stop_reason
-        if self._in_flight:  # its blocks may be read by the running forward: free them once it is done
-            self._deferred.append(req)
-        else:
-            self.scheduler.finish(req)
+        self.forwards.release(req)   # its blocks may be read by the running forward: freed once it is done
         req.status = Status.FINISHED
         del self.records[req.request_id]
         drafted = accepted = 0
