@@ -61,7 +61,12 @@ class BurstPolicy:
             return 1
         if plan.num_draft_tokens or plan.block_copies or plan.preempted or plan.newly_scheduled:
             return 1
-        k = min(self.max_steps, int(self.budget_s / self.step_s))
+        # the runner's answer first: where it never bursts (a model with sliding-window groups, adapter rows) the step
+        # pays no walk over its requests
+        limit = getattr(runner, "burst_steps", None)
+        k = min(self.max_steps, int(self.budget_s / self.step_s), limit(plan) if limit is not None else 1)
+        if k <= 1:
+            return 1
         for c in plan.chunks:
             req = c.request
             if c.num_new_tokens != 1 or not c.sample or c.fork_of is not None or not burst_safe(req):
@@ -70,10 +75,6 @@ class BurstPolicy:
             k = min(k, req.max_tokens - req.num_output_tokens, window - req.num_tokens)
             if k <= 1:
                 return 1
-        limit = getattr(runner, "burst_steps", None)
-        k = min(k, limit(plan)) if limit is not None else 1
-        if k <= 1:
-            return 1
         # NOTE: blocks only from the free pool (allocate never preempts); one request short of them and the plan
         # runs one step (the blocks already grown are the ones its next steps take anyway)
         if not all(kv.allocate(c.request, k) for c in plan.chunks):
