@@ -77,3 +77,32 @@ async def test_a_model_outside_its_reach_keeps_python_bursts(tmp_path):
                     embedding_type="Q8_0")
     async with Kernel(model=path, **KERNEL) as k:
         assert k.runner.lean is not None and k.runner.lean.cstack is not None and k.runner.greedy_burst is None
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_bursts_argmax_is_the_first_maximum(bf16):
+    """decode_burst's choice of a row is torch.argmax's: the first of equal maxima, wherever they sit (the vector
+    part, the tail past the last 16 values, index 0), negative rows and a row of one value included."""
+    import ctypes
+
+    import torch
+
+    from modelcall.plugins.runner import decode_stack
+    lib = decode_stack._LIB.get()
+    if lib is None:
+        pytest.skip("no C compiler here")
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    gen = torch.Generator().manual_seed(5)
+    rows = []
+    for n in (1, 7, 16, 17, 49152, 49157):
+        for ties in ((), (0, n - 1), (3, n - 1), (n // 2, n - 1)):
+            row = torch.randn(n, generator=gen) * 4 - 2
+            for i in ties:
+                if i < n:
+                    row[i] = 9.5
+            rows.append(row)
+    rows += [torch.full((40,), -3.0), torch.tensor([-0.0, 0.0, -1.0] * 11)]
+    for row in rows:
+        r = row.to(dtype).contiguous()
+        got = lib.decode_first_max(ctypes.c_void_p(r.data_ptr()), r.numel(), int(bf16))
+        assert got == int(torch.argmax(r)), (r.numel(), got)

@@ -54,6 +54,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.decode_stack.restype = _int
     lib.decode_burst.argtypes = [_p, _p]
     lib.decode_burst.restype = _int
+    lib.decode_first_max.argtypes = [_p, _i64, _int]
+    lib.decode_first_max.restype = _i64
 
 
 _LIB = OnceLibrary("decode_stack", declare=_declare, fallback="plain decode steps keep the per-layer loop",

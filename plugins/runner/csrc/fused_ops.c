@@ -19,10 +19,12 @@
 #include <immintrin.h>
 #endif
 
-/* elements: below this, rows run on the calling thread. NOTE: 1 << 12 (decode steps' ops on both threads too) made
- * W1 on two threads 0.92x (benchmarks/runner_before_after.py --base HEAD --runs 5, Intel Xeon model 207, 2026-12-02),
- * though the ops' own time in the step fell 1.8 -> 1.4 ms: the second thread's share cost more elsewhere */
-#define PAR_MIN (1 << 16)
+/* elements: below this, rows run on the calling thread (a one-row decode step's ops). NOTE: 1 << 12 made W1 on two
+ * threads 0.92x on an Intel Xeon model 207 (benchmarks/runner_before_after.py --base HEAD --runs 5, 2026-12-02),
+ * though the ops' own time in the step fell 1.8 -> 1.4 ms. On the Zen 4 every figure since is measured on, 1 << 16
+ * left a 16-row decode step's norms, rotary and silu * up (~1.2 ms of its ~19) on one thread while the other
+ * waited in the OpenMP barrier: 1 << 13 splits them from 16 rows of SmolLM2 (see docs/benchmarks.md, W4). */
+#define PAR_MIN (1 << 13)
 
 #include "bf16.h"   /* core/csrc: bf2f, f2bf, ld, st */
 static inline float rnd(float v, const int bf) { return bf ? bf2f(f2bf(v)) : v; }   /* the dtype's rounding */
