@@ -200,3 +200,23 @@ def test_16_bit_float_weights_in_r16_give_the_plain_kernels_products_and_bits(na
             assert torch.allclose(quant.qmatmul(xb, r).float(), quant.qmatmul(xb, w).float(), rtol=0,
                                   atol=1e-2 * float(want.abs().max()))
         assert quant.dense_from_tokens(torch.bfloat16, r.qtype) == quant.DENSE_FROM_TOKENS   # bf16 prefill: a GEMM
+
+
+@pytest.mark.parametrize("name", ("F16", "BF16"))
+def test_16_bit_float_rows_of_a_decode_batch_keep_their_bits(name):
+    """A decode batch (2-16 rows, the rows a few streams decode together) over F16 / BF16 r16 weights: every row's
+    result is bit for bit the row alone (the batch's rows take each weight vector widened once, their sums in the
+    one-row kernel's order), and within fp32 rounding of the exact product; K not a multiple of 4 included."""
+    g = torch.Generator().manual_seed(7)
+    for n, k in ((16, 32), (960, 576), (48, 77), (64, 1538)):
+        dense = torch.randn(n, k, generator=g) * 0.05
+        half = dense.half() if name == "F16" else dense.bfloat16()
+        w = quant.repack_r16(quant.qweight_from_bytes(half.view(torch.int16).view(torch.uint8).reshape(n, -1).clone(),
+                                                      quant.GGML_TYPES[name], n, k))
+        x = activations(16, k, seed=n)
+        alone = torch.cat([quant.qmatmul(x[i:i + 1], w) for i in range(16)])
+        want = x.double() @ half.double().T
+        assert (alone.double() - want).abs().max() <= 1e-5 * want.abs().max(), (n, k)
+        for rows in (2, 5, 6, 7, 13, 16):
+            got = quant.qmatmul(x[:rows], w)
+            assert torch.equal(got, alone[:rows]), (n, k, rows)

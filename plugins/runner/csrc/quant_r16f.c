@@ -127,6 +127,54 @@ INLINE void r16f_tile(const int base, const uint16_t *p, int64_t K, const float 
 }
 
 #if defined(QV512)
+#define R16F_TR 6   /* rows of a decode batch r16f_tile_rows takes at once: 4 sums each, 24 of the 32 registers */
+/* MR rows of x (row stride xs) times one tile, each row's sums exactly r16f_tile's (4 partial sums over k mod 4, the
+ * tail into the first, then (a0 + a1) + (a2 + a3)), so a row's bits do not depend on the batch; each weight vector
+ * is widened once for the MR rows, where a row at a time widened it for every row. NOTE: the widening, a 16-row
+ * step's as many cvtph as fmadd, held a W4-shaped F16 decode step at about half the FMA rate. */
+INLINE void r16f_tile_rows(const int base, const int MR, const uint16_t *p, int64_t K, const float *x, int64_t xs,
+                           float *o) {
+    __m512 a[R16F_TR][4];
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; i++) a[i][0] = a[i][1] = a[i][2] = a[i][3] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 4 <= K; k += 4) {
+        const __m512 w0 = r16f_widen(base, p + 16 * k), w1 = r16f_widen(base, p + 16 * (k + 1));
+        const __m512 w2 = r16f_widen(base, p + 16 * (k + 2)), w3 = r16f_widen(base, p + 16 * (k + 3));
+#pragma GCC unroll 6
+        for (int i = 0; i < MR; i++) {
+            const float *xi = x + i * xs + k;
+            a[i][0] = _mm512_fmadd_ps(w0, _mm512_set1_ps(xi[0]), a[i][0]);
+            a[i][1] = _mm512_fmadd_ps(w1, _mm512_set1_ps(xi[1]), a[i][1]);
+            a[i][2] = _mm512_fmadd_ps(w2, _mm512_set1_ps(xi[2]), a[i][2]);
+            a[i][3] = _mm512_fmadd_ps(w3, _mm512_set1_ps(xi[3]), a[i][3]);
+        }
+    }
+    for (; k < K; k++) {
+        const __m512 w = r16f_widen(base, p + 16 * k);
+#pragma GCC unroll 6
+        for (int i = 0; i < MR; i++) a[i][0] = _mm512_fmadd_ps(w, _mm512_set1_ps(x[i * xs + k]), a[i][0]);
+    }
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; i++)
+        _mm512_storeu_ps(o + 16 * i, _mm512_add_ps(_mm512_add_ps(a[i][0], a[i][1]), _mm512_add_ps(a[i][2], a[i][3])));
+}
+
+/* r16f_tile_rows with MR (1..R16F_TR) and the format made constants: the sums stay in registers */
+static void r16f_batch_rows(int base, int mr, const uint16_t *p, int64_t K, const float *x, int64_t xs, float *o) {
+#define R16F_MRS(B) \
+    switch (mr) { \
+    case 1: r16f_tile_rows(B, 1, p, K, x, xs, o); break; \
+    case 2: r16f_tile_rows(B, 2, p, K, x, xs, o); break; \
+    case 3: r16f_tile_rows(B, 3, p, K, x, xs, o); break; \
+    case 4: r16f_tile_rows(B, 4, p, K, x, xs, o); break; \
+    case 5: r16f_tile_rows(B, 5, p, K, x, xs, o); break; \
+    default: r16f_tile_rows(B, 6, p, K, x, xs, o); }
+    if (base == GT_F16) { R16F_MRS(GT_F16) }
+    else { R16F_MRS(GT_BF16) }
+#undef R16F_MRS
+}
+
 /* MR rows of x (row stride xs) times one tile: o[i * 16 + r] = tile row r . x row i. Each weight vector is widened
  * once for the MR rows (MR sums in registers), where r16f_tile widens it again for every row: a prefill chunk's
  * matmul straight from the r16 layout, which is already a GEMM's packed 16-column panel (MKL packs its dequantized
@@ -195,6 +243,22 @@ static int r16f_matmul(int base, const uint8_t *w, int64_t N, int64_t K, const v
                         else r16f_rows(GT_BF16, 1, p, K, xf + b * xs, xs, o);
                         r16f_put(o, mr, t, b, y, y_bf16, ys, bias);
                     }
+            }
+        }
+        free(tmp);
+        return 0;
+    }
+#endif
+#if defined(QV512)
+    if (B > 1) {   /* a decode batch: R16F_TR rows at a time, each row's bits r16f_tile's */
+#pragma omp parallel for num_threads(nt) schedule(static) if (par)
+        for (int64_t t = 0; t < tiles; t++) {
+            const uint16_t *p = (const uint16_t *)w + t * 16 * K;
+            float o[R16F_TR * 16];
+            for (int64_t b = 0; b < B; b += R16F_TR) {
+                const int mr = B - b < R16F_TR ? (int)(B - b) : R16F_TR;
+                r16f_batch_rows(base, mr, p, K, xf + b * xs, xs, o);
+                r16f_put(o, mr, t, b, y, y_bf16, ys, bias);
             }
         }
         free(tmp);
