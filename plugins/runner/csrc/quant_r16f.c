@@ -131,14 +131,20 @@ INLINE void r16f_tile(const int base, const uint16_t *p, int64_t K, const float 
 /* MR rows of x (row stride xs) times one tile, each row's sums exactly r16f_tile's (4 partial sums over k mod 4, the
  * tail into the first, then (a0 + a1) + (a2 + a3)), so a row's bits do not depend on the batch; each weight vector
  * is widened once for the MR rows, where a row at a time widened it for every row. NOTE: the widening, a 16-row
- * step's as many cvtph as fmadd, held a W4-shaped F16 decode step at about half the FMA rate. */
+ * step's as many cvtph as fmadd, held a W4-shaped F16 decode step at about half the FMA rate. pf: the next tile,
+ * prefetched into L2 during this pass: from memory (SmolLM2's 30 layers of F16 weights, 16 rows, one thread) 34.7 ->
+ * 49.2 GMAC/s, 6 rows 25.0 -> 38.0; 55 with the weights in cache (/tmp script, best of 5). */
 INLINE void r16f_tile_rows(const int base, const int MR, const uint16_t *p, int64_t K, const float *x, int64_t xs,
-                           float *o) {
+                           float *o, const uint16_t *pf) {
     __m512 a[R16F_TR][4];
 #pragma GCC unroll 6
     for (int i = 0; i < MR; i++) a[i][0] = a[i][1] = a[i][2] = a[i][3] = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + 4 <= K; k += 4) {
+        if (pf) {   /* the next tile's same 128 bytes into L2, at the pace this pass reads its own */
+            _mm_prefetch((const char *)(pf + 16 * k), _MM_HINT_T1);
+            _mm_prefetch((const char *)(pf + 16 * k) + 64, _MM_HINT_T1);
+        }
         const __m512 w0 = r16f_widen(base, p + 16 * k), w1 = r16f_widen(base, p + 16 * (k + 1));
         const __m512 w2 = r16f_widen(base, p + 16 * (k + 2)), w3 = r16f_widen(base, p + 16 * (k + 3));
 #pragma GCC unroll 6
@@ -161,15 +167,16 @@ INLINE void r16f_tile_rows(const int base, const int MR, const uint16_t *p, int6
 }
 
 /* r16f_tile_rows with MR (1..R16F_TR) and the format made constants: the sums stay in registers */
-static void r16f_batch_rows(int base, int mr, const uint16_t *p, int64_t K, const float *x, int64_t xs, float *o) {
+static void r16f_batch_rows(int base, int mr, const uint16_t *p, int64_t K, const float *x, int64_t xs, float *o,
+                            const uint16_t *pf) {
 #define R16F_MRS(B) \
     switch (mr) { \
-    case 1: r16f_tile_rows(B, 1, p, K, x, xs, o); break; \
-    case 2: r16f_tile_rows(B, 2, p, K, x, xs, o); break; \
-    case 3: r16f_tile_rows(B, 3, p, K, x, xs, o); break; \
-    case 4: r16f_tile_rows(B, 4, p, K, x, xs, o); break; \
-    case 5: r16f_tile_rows(B, 5, p, K, x, xs, o); break; \
-    default: r16f_tile_rows(B, 6, p, K, x, xs, o); }
+    case 1: r16f_tile_rows(B, 1, p, K, x, xs, o, pf); break; \
+    case 2: r16f_tile_rows(B, 2, p, K, x, xs, o, pf); break; \
+    case 3: r16f_tile_rows(B, 3, p, K, x, xs, o, pf); break; \
+    case 4: r16f_tile_rows(B, 4, p, K, x, xs, o, pf); break; \
+    case 5: r16f_tile_rows(B, 5, p, K, x, xs, o, pf); break; \
+    default: r16f_tile_rows(B, 6, p, K, x, xs, o, pf); }
     if (base == GT_F16) { R16F_MRS(GT_F16) }
     else { R16F_MRS(GT_BF16) }
 #undef R16F_MRS
@@ -257,7 +264,8 @@ static int r16f_matmul(int base, const uint8_t *w, int64_t N, int64_t K, const v
             float o[R16F_TR * 16];
             for (int64_t b = 0; b < B; b += R16F_TR) {
                 const int mr = B - b < R16F_TR ? (int)(B - b) : R16F_TR;
-                r16f_batch_rows(base, mr, p, K, xf + b * xs, xs, o);
+                /* the first pass over a tile streams it from memory: the next tile is prefetched meanwhile */
+                r16f_batch_rows(base, mr, p, K, xf + b * xs, xs, o, b == 0 && t + 1 < tiles ? p + 16 * K : NULL);
                 r16f_put(o, mr, t, b, y, y_bf16, ys, bias);
             }
         }
