@@ -185,13 +185,16 @@ static void r16f_batch_rows(int base, int mr, const uint16_t *p, int64_t K, cons
 /* MR rows of x (row stride xs) times one tile: o[i * 16 + r] = tile row r . x row i. Each weight vector is widened
  * once for the MR rows (MR sums in registers), where r16f_tile widens it again for every row: a prefill chunk's
  * matmul straight from the r16 layout, which is already a GEMM's packed 16-column panel (MKL packs its dequantized
- * copy into the same shape). Each row's sum runs over k in order, as a GEMM's does. MR a constant: registers. */
+ * copy into the same shape). Each row's sum runs over k in order, as a GEMM's does. MR a constant: registers.
+ * pf: prefetched into L2 as r16f_tile_rows' (the next tile during a tile's first pass over a span; from memory, 512
+ * rows of SmolLM2's 30 layers, one thread: 51.0 -> 55.2 GMAC/s). */
 INLINE void r16f_rows(const int base, const int MR, const uint16_t *p, int64_t K, const float *x, int64_t xs,
-                      float *o) {
+                      float *o, const uint16_t *pf) {
     __m512 a[R16F_MR];
 #pragma GCC unroll 12
     for (int i = 0; i < MR; i++) a[i] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
+        if (!(k & 1)) _mm_prefetch((const char *)(pf + 16 * k), _MM_HINT_T1);   /* pf: as r16f_tile_rows' */
         const __m512 wv = r16f_widen(base, p + 16 * k);
 #pragma GCC unroll 12
         for (int i = 0; i < MR; i++) a[i] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[i * xs + k]), a[i]);
@@ -236,18 +239,20 @@ static int r16f_matmul(int base, const uint8_t *w, int64_t N, int64_t K, const v
                 float o[R16F_MR * 16];
                 int64_t b = b0;
                 for (; b + R16F_MR <= b1; b += R16F_MR) {
-                    if (base == GT_F16) r16f_rows(GT_F16, R16F_MR, p, K, xf + b * xs, xs, o);
-                    else r16f_rows(GT_BF16, R16F_MR, p, K, xf + b * xs, xs, o);
+                    /* the next tile streamed into L2 during this tile's first pass (else a no-op on this one) */
+                    const uint16_t *pf = b == b0 && t + 1 < tiles ? p + 16 * K : p;
+                    if (base == GT_F16) r16f_rows(GT_F16, R16F_MR, p, K, xf + b * xs, xs, o, pf);
+                    else r16f_rows(GT_BF16, R16F_MR, p, K, xf + b * xs, xs, o, pf);
                     r16f_put(o, R16F_MR, t, b, y, y_bf16, ys, bias);
                 }
                 for (int mr = 4; mr >= 1; mr /= 2)
                     for (; b + mr <= b1; b += mr) {
-                        if (base == GT_F16 && mr == 4) r16f_rows(GT_F16, 4, p, K, xf + b * xs, xs, o);
-                        else if (base == GT_F16 && mr == 2) r16f_rows(GT_F16, 2, p, K, xf + b * xs, xs, o);
-                        else if (base == GT_F16) r16f_rows(GT_F16, 1, p, K, xf + b * xs, xs, o);
-                        else if (mr == 4) r16f_rows(GT_BF16, 4, p, K, xf + b * xs, xs, o);
-                        else if (mr == 2) r16f_rows(GT_BF16, 2, p, K, xf + b * xs, xs, o);
-                        else r16f_rows(GT_BF16, 1, p, K, xf + b * xs, xs, o);
+                        if (base == GT_F16 && mr == 4) r16f_rows(GT_F16, 4, p, K, xf + b * xs, xs, o, p);
+                        else if (base == GT_F16 && mr == 2) r16f_rows(GT_F16, 2, p, K, xf + b * xs, xs, o, p);
+                        else if (base == GT_F16) r16f_rows(GT_F16, 1, p, K, xf + b * xs, xs, o, p);
+                        else if (mr == 4) r16f_rows(GT_BF16, 4, p, K, xf + b * xs, xs, o, p);
+                        else if (mr == 2) r16f_rows(GT_BF16, 2, p, K, xf + b * xs, xs, o, p);
+                        else r16f_rows(GT_BF16, 1, p, K, xf + b * xs, xs, o, p);
                         r16f_put(o, mr, t, b, y, y_bf16, ys, bias);
                     }
             }
