@@ -125,14 +125,15 @@ typedef struct {
     double *ends;                  /* [steps]: CLOCK_MONOTONIC seconds at each step's end (Python's time.monotonic) */
 } burst_t;
 
-/* The index of the first maximum of row[0..n): the sampler's argmax (ties to the lowest index; the build assumes no
- * NaN, -ffast-math). With AVX-512 two passes: the maximum, 16 values a compare, then the first index holding it.
- * NOTE: the scalar scan (one compare and branch a value, 49,152 a SmolLM2 row) was ~0.3 ms of a 16-row step's ~19,
- * on one thread while the other waited. */
+/* row[i] as fp32 */
 static inline float value_at(const void *row, int64_t i, int bf16) {
     return bf16 ? bf2f(((const uint16_t *)row)[i]) : ((const float *)row)[i];
 }
 
+/* The index of the first maximum of row[0..n): the sampler's argmax (ties to the lowest index; the build assumes no
+ * NaN, -ffast-math). With AVX-512 two passes: the maximum, 16 values a compare, then the first index holding it.
+ * NOTE: the scalar scan (one compare and branch a value, 49,152 a SmolLM2 row) was ~0.3 ms of a 16-row step's ~19,
+ * on one thread while the other waited. */
 static int64_t first_max(const void *row, int64_t n, int bf16) {
 #if defined(__AVX512F__)
     if (n >= 16) {   /* the maximum (a value of the row, exactly), then the first index holding it */
