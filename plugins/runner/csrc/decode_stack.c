@@ -141,7 +141,7 @@ static int64_t first_max(const void *row, int64_t n, int bf16) {
         int64_t j = 16;
         for (; j + 16 <= n; j += 16) acc = _mm512_max_ps(load16(row, j, bf16), acc);
         float top = _mm512_reduce_max_ps(acc);
-        for (; j < n; j++) top = value_at(row, j, bf16) > top ? value_at(row, j, bf16) : top;
+        for (; j < n; j++) { const float v = value_at(row, j, bf16); top = v > top ? v : top; }
         const __m512 t = _mm512_set1_ps(top);
         for (j = 0; j + 16 <= n; j += 16) {
             const __mmask16 hit = _mm512_cmp_ps_mask(load16(row, j, bf16), t, _CMP_EQ_OQ);

@@ -104,32 +104,10 @@ INLINE __m512 r16f_widen(const int base, const uint16_t *p) {
 }
 #endif
 
-/* o[r] = tile row r . x, r < 16 */
-INLINE void r16f_tile(const int base, const uint16_t *p, int64_t K, const float *x, float *o) {
-#if defined(QV512)
-    __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    int64_t k = 0;
-    for (; k + 4 <= K; k += 4) {
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) {
-            a[i] = _mm512_fmadd_ps(r16f_widen(base, p + 16 * (k + i)), _mm512_set1_ps(x[k + i]), a[i]);
-        }
-    }
-    for (; k < K; k++) {
-        a[0] = _mm512_fmadd_ps(r16f_widen(base, p + 16 * k), _mm512_set1_ps(x[k]), a[0]);
-    }
-    _mm512_storeu_ps(o, _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
-#else
-    for (int r = 0; r < 16; r++) o[r] = 0.0f;
-    for (int64_t k = 0; k < K; k++)
-        for (int r = 0; r < 16; r++) o[r] += (base == GT_F16 ? h2f(p[16 * k + r]) : bf2f(p[16 * k + r])) * x[k];
-#endif
-}
-
 #if defined(QV512)
 #define R16F_TR 6   /* rows of a decode batch r16f_tile_rows takes at once: 4 sums each, 24 of the 32 registers */
-/* MR rows of x (row stride xs) times one tile, each row's sums exactly r16f_tile's (4 partial sums over k mod 4, the
- * tail into the first, then (a0 + a1) + (a2 + a3)), so a row's bits do not depend on the batch; each weight vector
+/* MR rows of x (row stride xs) times one tile, each row's sums in one order whatever MR (4 partial sums over k mod 4,
+ * the tail into the first, then (a0 + a1) + (a2 + a3)): r16f_tile is MR 1, so a row's bits do not depend on the batch; each weight vector
  * is widened once for the MR rows, where a row at a time widened it for every row. NOTE: the widening, a 16-row
  * step's as many cvtph as fmadd, held a W4-shaped F16 decode step at about half the FMA rate. pf: the next tile,
  * prefetched into L2 during this pass: from memory (SmolLM2's 30 layers of F16 weights, 16 rows, one thread) 34.7 ->
@@ -182,6 +160,21 @@ static void r16f_batch_rows(int base, int mr, const uint16_t *p, int64_t K, cons
 #undef R16F_MRS
 }
 
+#endif
+
+/* o[r] = tile row r . x, r < 16: with AVX-512 r16f_tile_rows' one-row case (4 partial sums over k mod 4), the sums a
+ * decode batch's rows keep */
+INLINE void r16f_tile(const int base, const uint16_t *p, int64_t K, const float *x, float *o) {
+#if defined(QV512)
+    r16f_tile_rows(base, 1, p, K, x, 0, o, NULL);
+#else
+    for (int r = 0; r < 16; r++) o[r] = 0.0f;
+    for (int64_t k = 0; k < K; k++)
+        for (int r = 0; r < 16; r++) o[r] += (base == GT_F16 ? h2f(p[16 * k + r]) : bf2f(p[16 * k + r])) * x[k];
+#endif
+}
+
+#if defined(QV512)
 /* MR rows of x (row stride xs) times one tile: o[i * 16 + r] = tile row r . x row i. Each weight vector is widened
  * once for the MR rows (MR sums in registers), where r16f_tile widens it again for every row: a prefill chunk's
  * matmul straight from the r16 layout, which is already a GEMM's packed 16-column panel (MKL packs its dequantized
