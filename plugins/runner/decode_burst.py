@@ -2,7 +2,8 @@
 
 In a burst (core/burst.py) each step after the first is fed the tokens the last one chose. For rows that decode
 greedily through the lean stack's one-call layers (decode_stack.py), a step is five C calls: the ids' rows of the
-quantized token table, the first layer's norm, every layer, the lm_head and each row's first maximum; then each
+quantized token table, the first layer's norm, every layer, the lm_head and each row's first maximum (or, where the
+runner has one, the head's int8 screen: head_screen.py, the same ids from a fraction of the logits); then each
 position and K/V slot moves one further. `decode_burst` (csrc/decode_stack.c) runs every step of the burst, from the
 inputs the runner's first decode batch holds. What the Python path spends around those calls, ~0.35 ms a step on
 SmolLM2 at one thread (the step's tensors, the attention's arguments, the head's module call, the sampler), each piece
@@ -27,6 +28,7 @@ from modelcall.plugins.runner import cpu_kernel, quant
 from modelcall.plugins.runner.batch import DecodeState, StepBatch
 from modelcall.plugins.runner.decode_stack import _LIB, QPart, part_of
 from modelcall.plugins.runner.gguf_weights import QuantEmbedding
+from modelcall.plugins.runner.head_screen import HeadScreen
 from modelcall.plugins.runner.lean import LeanStack
 
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
@@ -37,13 +39,14 @@ class BurstArgs(ctypes.Structure):
 
     _fields_ = [("stack", _p), ("dequant", _p), ("embed", QPart), ("head", QPart), ("norm1", _p), ("logits", _p),
                 ("ids", _p), ("pos", _p), ("slot", _p), ("slots", _p), ("rows", _i64), ("slots_stride", _i64),
-                ("steps", _i64), ("out", _p), ("ends", _p)]
+                ("steps", _i64), ("out", _p), ("ends", _p), ("screen", _p), ("screen_argmax", _p)]
 
 
 class GreedyBurst:
     """The C burst of one runner's lean decode stack."""
 
-    def __init__(self, stack: LeanStack, embed: QuantEmbedding, head: quant.QuantLinear) -> None:
+    def __init__(self, stack: LeanStack, embed: QuantEmbedding, head: quant.QuantLinear,
+                 screen: HeadScreen | None = None) -> None:
         self.stack, self.dtype = stack, embed.dtype
         table = embed.qweight
         lookup = QPart(w=table.data.data_ptr(), row_bytes=table.data.shape[1], n=table.shape[0], k=table.shape[1],
@@ -53,6 +56,8 @@ class GreedyBurst:
                               norm1=stack.layers[0].norm1.data_ptr())
         self.keep = (table, head)   # what the pointers above point into
         self.head_qtype = head.qweight.qtype
+        self.screen = screen   # the head screened at int8 (head_screen.py), where the runner has one
+        self.args.screen_argmax = ctypes.cast(quant.load().quant_screen_argmax, _p).value
         self.fn = _LIB.get().decode_burst
         self.rows: torch.Tensor | None = None   # [3, R] int64: ids | positions | slots, what the C side advances
         self.buffers: tuple[torch.Tensor, ...] = ()
@@ -68,7 +73,7 @@ class GreedyBurst:
             return None
         if runner.logit_mult is not None or runner.softcap:
             return None
-        return cls(stack, embed, head)
+        return cls(stack, embed, head, runner.head_screen)
 
     def usable(self, plan: SchedulePlan, sampler: Any) -> bool:
         """Whether the burst's later steps of `plan` may run here (its rows greedy, and few enough)."""
@@ -113,6 +118,8 @@ class GreedyBurst:
                                           ids_pos_slot[2].data_ptr())
         a.slots, a.rows, a.slots_stride, a.steps = state.slots.data_ptr(), rows, state.slots.shape[1], steps
         a.out, a.ends = out.data_ptr(), ends.data_ptr()
+        screen = self.screen
+        a.screen = ctypes.addressof(screen.args) if screen is not None and screen.usable(rows, self.dtype) else None
         done = ctypes.c_int64(0)
         rc = self.fn(ctypes.addressof(a), ctypes.byref(done))
         if rc:

@@ -30,7 +30,7 @@ QUANTIZABLE = (GGML_TYPES["Q8_0"], GGML_TYPES["Q4_0"], GGML_TYPES["Q4_K"])
 
 _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
 _FILES = ("quant_common.h", "quant_legacy.c", "quant_k.c", "quant_matmul.c", "quant_int8.c", "quant_r16.c",
-          "quant_r16k.c", "quant_r16f.c")
+          "quant_r16k.c", "quant_r16f.c", "quant_screen.c")
 # r16 layouts (csrc/quant_r16.c, quant_r16k.c): a weight with 16 rows interleaved, for decode with integer dot
 # products; its type number is the plain format's + R16_OFF
 R16_OFF = 100
@@ -59,10 +59,13 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.quant_qmatmul_int8.argtypes = lib.quant_qmatmul.argtypes
     lib.quant_r16_repack.argtypes = [i32, p, i64, i64, p, i32]
     lib.quant_r16_available.argtypes = []
+    lib.quant_screen_argmax.argtypes = [p, p, i32, i64, i64, i32, p, i32]
+    lib.quant_screen_prepare.argtypes = [i32, p, i64, i64, i64, p, p, p, i32]
     lib.quant_path.argtypes = []
     lib.quant_int8_available.argtypes = []
     for fn in (lib.quant_qmatmul, lib.quant_dequantize_rows, lib.quant_quantize_rows, lib.quant_path,
-               lib.quant_qmatmul_int8, lib.quant_int8_available, lib.quant_r16_repack, lib.quant_r16_available):
+               lib.quant_qmatmul_int8, lib.quant_int8_available, lib.quant_r16_repack, lib.quant_r16_available,
+               lib.quant_screen_argmax, lib.quant_screen_prepare):
         fn.restype = i32
 
 

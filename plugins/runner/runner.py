@@ -11,12 +11,13 @@ import msgspec
 import torch
 
 from modelcall.core import ConfigError, KernelConfig, SchedulePlan, StepOutput
+from modelcall.core.burst import burst_safe
 from modelcall.core.plan import kv_groups
 from modelcall.core.stages import Sampler
 from modelcall.events import now
 from modelcall.plugins.runner import (
-    attention, cpu_kernel, cuda_graphs, decode_burst, gguf_file, gguf_weights, heap, huge_pages, lean, lora_runner,
-    omp_team, quant_load, quant_repack,
+    attention, cpu_kernel, cuda_graphs, decode_burst, gguf_file, gguf_weights, head_screen, heap, huge_pages, lean,
+    lora_runner, omp_team, quant_load, quant_repack,
 )
 from modelcall.plugins.runner.batch import DecodeState, StepBatch, build_step
 from modelcall.plugins.runner.loader import (
@@ -121,6 +122,12 @@ class TorchModelRunner:
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_size = 0
         self.decode_state = DecodeState()   # consecutive decode steps of the same requests: updated, not rebuilt
+        # the greedy head screened at int8 (head_screen.py), after every move of the head's bytes (huge pages);
+        # runner head_screen false: a greedy row's whole head is computed
+        self.head_screen = (head_screen.HeadScreen.build(self.lm_head, runner_cfg.get("head_screen", "auto"))
+                            if p.device.type == "cpu" and self.logit_mult is None and not self.softcap else None)
+        if self.head_screen is not None:
+            self.weight_bytes += self.head_screen.screen_bytes
         # a greedy decode burst in one C call (decode_burst.py); runner decode_burst false: Python steps
         self.greedy_burst = (decode_burst.GreedyBurst.build(self) if runner_cfg.get("decode_burst", "auto")
                              not in (False, "off", "false") else None)
@@ -201,12 +208,18 @@ class TorchModelRunner:
         scored: list[tuple[int, list[Any], list[int]]] = []
         pooled: dict[int, Any] = {}
         with torch.inference_mode():
-            logits = self.compute_logits(plan, scored, pooled)
+            screen = self._screen_for(plan)
+            if screen is not None:   # every sampled row a plain greedy choice: the screen's first maxima
+                screened = screen.argmax(self._step_hidden(plan, self._build(plan), scored, pooled))
+            else:
+                logits = self.compute_logits(plan, scored, pooled)
             if plan.block_copies:
                 self._copy_blocks(plan.block_copies)
             sampled = [c for c in plan.chunks if c.sample]
             spec = None
-            if plan.num_draft_tokens:
+            if screen is not None:
+                ids, logprobs = screened, None
+            elif plan.num_draft_tokens:
                 ids, logprobs, spec = sample_with_drafts(self.sampler, logits, sampled)
             elif sampled:
                 ids, logprobs = self.sampler.sample(logits, sampled)
@@ -272,8 +285,12 @@ class TorchModelRunner:
                     steps, ends = done
                     return StepOutput(token_ids=list(steps[0]), forward_s=time.perf_counter() - t0, burst=steps,
                                       burst_ts=ends)
+            screen = self._screen_for(plan)
             while step is not None:
-                ids, _ = self.sampler.sample(self._step_logits(plan, step), plan.chunks)
+                if screen is not None:
+                    ids = screen.argmax(self._step_hidden(plan, step))
+                else:
+                    ids, _ = self.sampler.sample(self._step_logits(plan, step), plan.chunks)
                 steps.append(list(ids))
                 ends.append(now())
                 if len(steps) == plan.num_steps:
@@ -292,12 +309,39 @@ class TorchModelRunner:
             if self.graphs is not None and self.graphs.supports(plan, len(self.groups)) and not (
                     self.lora is not None and lora_runner.plan_has_lora(plan)):   # decode: static batches
                 return self.graphs.logits(plan)
-            step = build_step(plan, self.block_size, self.placement.device, len(self.groups), self.decode_state)
-            return self._step_logits(plan, step, scored, pooled)
+            return self._step_logits(plan, self._build(plan), scored, pooled)
+
+    def _build(self, plan: SchedulePlan) -> StepBatch:
+        """The flattened step of `plan` (its K/V allocated)."""
+        if not self.kv:
+            raise RuntimeError("allocate_kv_cache() must be called before execute()")
+        return build_step(plan, self.block_size, self.placement.device, len(self.groups), self.decode_state)
+
+    def _screen_for(self, plan: SchedulePlan) -> head_screen.HeadScreen | None:
+        """The head's int8 screen where every row `plan` samples is the first maximum of its logits (a greedy
+        request the sampler would take the argmax of: no logprobs, penalties, processors or pending min_tokens; no
+        drafts, adapters, pooling) and the screen takes that many rows; else None."""
+        screen = self.head_screen
+        if (screen is None or self.graphs is not None or plan.num_draft_tokens
+                or not getattr(self.sampler, "greedy_argmax", False)
+                or (self.lora is not None and lora_runner.plan_has_lora(plan))):
+            return None
+        rows = 0
+        for c in plan.chunks:
+            req = c.request
+            if not req.params.greedy or req.pooling is not None or not burst_safe(req):
+                return None
+            rows += bool(c.sample)
+        return screen if screen.usable(rows, self.placement.dtype) else None
 
     def _step_logits(self, plan: SchedulePlan, step: StepBatch, scored: list | None = None,
                      pooled: dict | None = None) -> torch.Tensor:
         """compute_logits of `step`, `plan` flattened (in inference mode)."""
+        return self._head(self._step_hidden(plan, step, scored, pooled))
+
+    def _step_hidden(self, plan: SchedulePlan, step: StepBatch, scored: list | None = None,
+                     pooled: dict | None = None) -> torch.Tensor:
+        """The final hidden rows of `step`'s sampled chunks, plan order (the lm_head's input), its forward run."""
         step.kv = self.kv
         step.scratch["layer_windows"] = self.spec.layer_windows   # attention checks each layer's against it
         if self.attention_backend:
@@ -316,10 +360,10 @@ class TorchModelRunner:
         if pooled is not None and step.pool_spans:
             pooled.update((i, hidden[a:a + n].float().cpu()) for i, a, n in step.pool_spans)
         if step.num_sampled == 0:   # only partial prefill chunks: nothing to sample
-            return hidden.new_empty(0, self.spec.vocab_size)
+            return hidden[:0]
         if step.sample_rows is not None:
             hidden = hidden.index_select(0, step.sample_rows)
-        return self._head(hidden)
+        return hidden
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of `hidden` rows as the family's ForCausalLM computes them after its decoder."""

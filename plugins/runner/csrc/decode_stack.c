@@ -110,6 +110,8 @@ int decode_stack(const stack_t *s) {
 
 typedef int (*dequant_fn)(int, const uint8_t *, int64_t, int64_t, int64_t, const int64_t *, int64_t, int64_t, void *,
                           int, int64_t, int);
+/* quant_screen_argmax (csrc/quant_screen.c): the rows' first maxima of the head's logits, most of them not computed */
+typedef int (*screen_fn)(const void *, const void *, int, int64_t, int64_t, int, int64_t *, int);
 
 typedef struct {
     stack_t *stack;                /* every layer; its h and x are [rows][hidden] buffers of the burst's own */
@@ -123,6 +125,8 @@ typedef struct {
     int64_t rows, slots_stride, steps;
     int64_t *out;                  /* [steps][rows]: the tokens chosen */
     double *ends;                  /* [steps]: CLOCK_MONOTONIC seconds at each step's end (Python's time.monotonic) */
+    const void *screen;            /* the head's screen_t (runner/head_screen.py), or NULL: every logit computed */
+    screen_fn screen_argmax;
 } burst_t;
 
 /* row[i] as fp32 */
@@ -162,11 +166,25 @@ static int64_t first_max(const void *row, int64_t n, int bf16) {
 /* first_max as the tests call it (tests/test_decode_burst_c.py: ties against torch.argmax) */
 int64_t decode_first_max(const void *row, int64_t n, int bf16) { return first_max(row, n, bf16); }
 
+/* The lm_head's logits of the step's rows, then each row's first maximum into b->ids; 0 or the matmul's code */
+static int head_argmax(const burst_t *b, const stack_t *s) {
+    const int64_t R = b->rows, H = s->hidden, V = b->head.n, es = s->bf16 ? 2 : 4;
+    const qmatmul_fn mm = b->head.int8 ? s->qmatmul_int8 : s->qmatmul;
+    const int rc = mm(b->head.qt, b->head.w, b->head.row_bytes, V, H, s->x, s->bf16, H, R, b->logits, s->bf16, V,
+                      b->head.bias, s->nthreads);
+    if (rc) return rc;
+    /* rows' maxima on every thread: one row's scan is ~10 us */
+    #pragma omp parallel for num_threads(s->nthreads) schedule(static) if (s->nthreads > 1 && R > 1)
+    for (int64_t r = 0; r < R; r++)
+        b->ids[r] = first_max((const char *)b->logits + r * V * es, V, s->bf16);
+    return 0;
+}
+
 /* Runs b->steps steps; returns 0, or a quantized matmul's or lookup's non-zero code (the steps before it stand:
  * out and ends hold them, and *done counts them) */
 int decode_burst(const burst_t *b, int64_t *done) {
     stack_t *s = b->stack;
-    const int64_t R = b->rows, H = s->hidden, V = b->head.n, es = s->bf16 ? 2 : 4;
+    const int64_t R = b->rows, H = s->hidden;
     *done = 0;
     for (int64_t j = 0; j < b->steps; j++) {
         int rc = b->dequant(b->embed.qt, b->embed.w, b->embed.row_bytes, b->embed.n, H, b->ids, 0, R, s->h, s->bf16,
@@ -174,14 +192,11 @@ int decode_burst(const burst_t *b, int64_t *done) {
         if (rc) return rc;
         s->add_rmsnorm(0, 0, s->h, H, s->x, H, b->norm1, R, H, s->eps, s->bf16, s->nthreads);
         if ((rc = decode_stack(s))) return rc;
-        const qmatmul_fn mm = b->head.int8 ? s->qmatmul_int8 : s->qmatmul;
-        if ((rc = mm(b->head.qt, b->head.w, b->head.row_bytes, V, H, s->x, s->bf16, H, R, b->logits, s->bf16, V,
-                     b->head.bias, s->nthreads)))
-            return rc;
-        /* rows' maxima on every thread: one row's scan is ~10 us */
-        #pragma omp parallel for num_threads(s->nthreads) schedule(static) if (s->nthreads > 1 && R > 1)
-        for (int64_t r = 0; r < R; r++)
-            b->ids[r] = first_max((const char *)b->logits + r * V * es, V, s->bf16);
+        if (b->screen)   /* the ids the head's logits and first_max give, without computing most of the logits */
+            rc = b->screen_argmax(b->screen, s->x, s->bf16, H, R, s->bf16, b->ids, s->nthreads);
+        else
+            rc = head_argmax(b, s);
+        if (rc) return rc;
         for (int64_t r = 0; r < R; r++) {
             b->out[j * R + r] = b->ids[r];
             b->pos[r] += 1;

@@ -168,22 +168,26 @@ INLINE void r16_nibbles(const int base, const uint8_t *codes, int c, __m512i *lo
  * the 16 sums of row b at out + 16 b. The tile's codes are loaded once for the nb rows. */
 INLINE void r16_tile(const int base, const int nb, const uint8_t *p, int64_t G, int64_t tg, const int8_t *xq,
                      int64_t xrow, const float *dx, const int32_t *sq, float *out) {
-    const int hdr = r16_hdr(base), c0 = r16_code_offset(base);
+    const int hdr = r16_hdr(base), c0 = r16_code_offset(base), S = nb <= 2 ? 2 : 1;
     __m512 tot[R16_NB], tot2[R16_NB];
     for (int b = 0; b < nb; b++) tot[b] = tot2[b] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++, p += tg) {
         const uint8_t *codes = p + hdr;
-        __m512i acc[R16_NB], acc2[R16_NB];
-        for (int b = 0; b < nb; b++) acc[b] = acc2[b] = _mm512_setzero_si512();
+        /* S sets of accumulators, chunk c in set c % S (as r16_tile16's: two chains at one or two x rows); the
+         * first starts at -c sum(x), the format's offset taken out with no instruction more. The int32 sums are
+         * the same whatever S. */
+        __m512i acc[2][R16_NB];
+        for (int b = 0; b < nb; b++) {
+            acc[0][b] = c0 ? _mm512_set1_epi32(-c0 * sq[b * G + g]) : _mm512_setzero_si512();
+            acc[1][b] = _mm512_setzero_si512();
+        }
 #define X4(b, i) _mm512_set1_epi32(((const int32_t *)(xq + (b) * xrow + 32 * g))[i])
         if (base == GT_Q8_0) {
-#pragma GCC unroll 4
-            for (int c = 0; c < 8; c += 2) {
-                const __m512i v0 = _mm512_loadu_si512(codes + 64 * c), v1 = _mm512_loadu_si512(codes + 64 * c + 64);
-                for (int b = 0; b < nb; b++) {
-                    acc[b] = _mm512_dpbusd_epi32(acc[b], v0, X4(b, c));
-                    acc2[b] = _mm512_dpbusd_epi32(acc2[b], v1, X4(b, c + 1));
-                }
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                const __m512i v = _mm512_loadu_si512(codes + 64 * c);
+                for (int b = 0; b < nb; b++)
+                    acc[S > 1 ? c & 1 : 0][b] = _mm512_dpbusd_epi32(acc[S > 1 ? c & 1 : 0][b], v, X4(b, c));
             }
         } else {
 #pragma GCC unroll 4
@@ -191,16 +195,15 @@ INLINE void r16_tile(const int base, const int nb, const uint8_t *p, int64_t G, 
                 __m512i lo, hi;
                 r16_nibbles(base, codes, c, &lo, &hi);
                 for (int b = 0; b < nb; b++) {
-                    acc[b] = _mm512_dpbusd_epi32(acc[b], lo, X4(b, c));
-                    acc2[b] = _mm512_dpbusd_epi32(acc2[b], hi, X4(b, 4 + c));
+                    acc[0][b] = _mm512_dpbusd_epi32(acc[0][b], lo, X4(b, c));
+                    acc[S - 1][b] = _mm512_dpbusd_epi32(acc[S - 1][b], hi, X4(b, 4 + c));
                 }
             }
         }
 #undef X4
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         for (int b = 0; b < nb; b++) {
-            __m512i a = _mm512_add_epi32(acc[b], acc2[b]);
-            if (c0) a = _mm512_sub_epi32(a, _mm512_set1_epi32(c0 * sq[b * G + g]));
+            const __m512i a = S > 1 ? _mm512_add_epi32(acc[0][b], acc[1][b]) : acc[0][b];
             tot[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(d, _mm512_set1_ps(dx[b * G + g])), tot[b]);
             if (r16_has_m(base))
                 tot2[b] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32))),
