@@ -11,7 +11,8 @@ Heads it takes: r16 layouts (quant_repack.py) of Q8_0 (the screen reads the head
 head takes int16 x: one integer dot product where it takes two) and of F16 / BF16 (the screen reads a Q8_0 copy made
 here: 34 bytes per 32 weights beside the head's 64, e.g. 178 MB for Gemma 3 270M). Not taken: other formats, a head
 with a bias, activations with int8 numerics already (`int8_activations`), no AVX-512 VNNI. Rows per call up to
-`MAX_ROWS`, and only where the head itself would run its kernel (`quant.dense_from_tokens`).
+`MAX_ROWS` (from 2 on a Q8_0 head: one row reads its bytes as the head does), and only where the head itself would
+run its kernel (`quant.dense_from_tokens`).
 
 `runner.head_screen` in the plugin config: "auto" (default) or false (every greedy row computes its whole head).
 """
@@ -60,6 +61,10 @@ class HeadScreen:
             raise RuntimeError(f"head screen: preparing it failed (code {rc})")
         self.keep = (w, screen)   # what the pointers below point into
         self.screen_bytes = 0 if screen is w else screen.data.numel()
+        # NOTE: one row reading the Q8_0 head's own bytes is bound by reading them, as the head is: no gain (Gemma 3's
+        # head, one thread, /tmp script: 7.3 against 7.7 ms); from two rows the head's int16 x costs twice the int8
+        # dot products (16 rows: 33.6 against 18.6 ms). An F16 head's screen reads half its bytes: from one row.
+        self.min_rows = 2 if screen is w else 1
         self.args = ScreenArgs(base=base, w=w.data.data_ptr(), row_bytes=w.data.shape[1], sw=screen.data.data_ptr(),
                                s_row_bytes=screen.data.shape[1], norm=self.norm.data_ptr(),
                                err=None if self.err is None else self.err.data_ptr(), n=n, k=k)
@@ -83,7 +88,7 @@ class HeadScreen:
     def usable(self, rows: int, dtype: torch.dtype) -> bool:
         """Whether `rows` rows of `dtype` activations take the screen: few enough, and the head's own kernel is
         what would compute their logits."""
-        return 0 < rows <= MAX_ROWS and rows <= quant.dense_from_tokens(dtype, self.qtype)
+        return self.min_rows <= rows <= MAX_ROWS and rows <= quant.dense_from_tokens(dtype, self.qtype)
 
     def argmax(self, x: torch.Tensor) -> list[int]:
         """The first maximum of each row of head(x), x [rows, K] fp32 or bf16 (logits in x's dtype)."""
