@@ -57,7 +57,8 @@ class GreedyBurst:
         self.keep = (table, head)   # what the pointers above point into
         self.head_qtype = head.qweight.qtype
         self.screen = screen   # the head screened at int8 (head_screen.py), where the runner has one
-        self.args.screen_argmax = ctypes.cast(quant.load().quant_screen_argmax, _p).value
+        if screen is not None:
+            self.args.screen_argmax = ctypes.cast(screen.fn, _p).value
         self.fn = _LIB.get().decode_burst
         self.rows: torch.Tensor | None = None   # [3, R] int64: ids | positions | slots, what the C side advances
         self.buffers: tuple[torch.Tensor, ...] = ()

@@ -4,7 +4,7 @@ A decode step's head is a matmul of every row with the whole vocabulary: Gemma 3
 a step's multiply-adds, SmolLM2's 49,152 x 576 about a fifth. A greedy request needs only the index of the first
 maximum. `HeadScreen.argmax` (csrc/quant_screen.c) estimates every logit at int8 with a proven bound on its distance
 from the logit the head computes, then computes with the head's own kernel only the 16-row tiles that can hold the
-maximum (the median decode row keeps 1-12 tiles of thousands) and takes the first maximum over them: the head's
+maximum (a decode row keeps ~1-16 tiles of thousands) and takes the first maximum over them: the head's
 logits' answer bit for bit, which the tests check against the full head and the engine's outputs with and without.
 
 Heads it takes: r16 layouts (quant_repack.py) of Q8_0 (the screen reads the head's own bytes with int8 x where the
