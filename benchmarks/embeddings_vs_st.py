@@ -18,7 +18,8 @@ dtype it resolved to. sentence-transformers runs in float32 (its default) whatev
 modelcall resolved to bfloat16, in bfloat16 too as a fourth side (the dtype-matched ratio); the cosines of each side
 to sentence-transformers' float32 vectors are printed (lowest and mean). vLLM runs in the dtype modelcall resolved,
 with its compute threads bound (VLLM_CPU_OMP_THREADS_BIND) to the first `--threads` CPUs this process may use and
-its other processes (front end, engine core) unpinned.
+its other processes (front end, engine core) unpinned, and stopped (SIGSTOP) between its turns: idle, its engine
+keeps a core busy, which would be taken from the side after it.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -153,6 +155,7 @@ class _VllmWorker:
                                      preexec_fn=lambda: os.sched_setaffinity(0, range(os.cpu_count())))
         self.index, self.busy_s, self.cpu_s = 0, 0.0, 0.0
         self._answer()   # loaded and warmed up
+        self._pause()
 
     def _answer(self) -> str:
         for line in self.proc.stdout:
@@ -162,16 +165,31 @@ class _VllmWorker:
         sys.stderr.write(open(self.log.name).read()[-4000:])
         raise SystemExit(f"vLLM's worker ended ({self.proc.wait()})")
 
+    def _pause(self) -> None:
+        """Stop vLLM's processes between its turns. NOTE: idle, its engine keeps a core busy (measured: 1.0 CPU
+        second per second after LLM.embed returns, for as long as one waits), which the next side would lose."""
+        self.stopped = _tree_pids(self.proc.pid)
+        for p in self.stopped:
+            _signal(p, signal.SIGSTOP)
+
+    def _resume(self) -> None:
+        for p in self.stopped:
+            _signal(p, signal.SIGCONT)
+        self.stopped = []
+
     def embed(self, part: list[str]) -> list:
+        self._resume()
         self.proc.stdin.write(f"{self.index} {self.index + len(part)}\n")
         self.proc.stdin.flush()
         took, cpu = map(float, self._answer().split())
+        self._pause()
         self.index = self.index + len(part)
         self.busy_s += took
         self.cpu_s += cpu
         return list(np.load(self.out))
 
     def close(self) -> None:
+        self._resume()
         self.proc.stdin.close()
         self.proc.wait(120)
         self.log.close()
@@ -206,20 +224,38 @@ def _vllm_worker(src: str, out: str) -> None:
         print(PREFIX, took, cpu, flush=True)
 
 
-def _tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of process `pid` and all its descendants so far, from /proc: vLLM's engine core
-    and workers are child processes of the one that calls LLM.embed."""
-    total, todo = 0.0, [pid]
-    tick = os.sysconf("SC_CLK_TCK")
+def _tree_pids(pid: int) -> list[int]:
+    """Process `pid` and all its descendants, from /proc: vLLM's engine core and workers are child processes of
+    the one that calls LLM.embed."""
+    found, todo = [], [pid]
     while todo:
         p = todo.pop()
+        found.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            pass   # ended meanwhile
+    return found
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of process `pid` and all its descendants so far, from /proc."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for p in _tree_pids(pid):
         try:
             with open(f"/proc/{p}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / tick   # utime, stime
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
         except (OSError, ValueError):
             pass   # ended meanwhile
     return total
