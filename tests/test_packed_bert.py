@@ -78,6 +78,20 @@ def test_bf16_stays_as_close_to_fp32_as_transformers_own_bf16():
     assert (1 - cos(ours, want)).max() <= 2 * (1 - cos(theirs, want)).max()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_layernorm_in_place_writes_the_residual_it_would_have_returned(dtype):
+    g = torch.Generator().manual_seed(2)
+    x, res = torch.randn(37, 48, generator=g).to(dtype), torch.randn(37, 48, generator=g)
+    w, b = torch.randn(48, generator=g), torch.randn(48, generator=g)
+    want = torch.nn.functional.layer_norm(x.float() + res, (48,), w, b, 1e-12)
+    out, fresh = encoder_ops.add_layernorm(x, res.clone(), w, b, 1e-12)
+    stream = res.clone()
+    out2, same = encoder_ops.add_layernorm(x, stream, w, b, 1e-12, in_place=True)
+    assert same.data_ptr() == stream.data_ptr()   # no new residual tensor
+    assert torch.equal(same, fresh) and torch.equal(out2, out)
+    assert torch.allclose(fresh, want, atol=1e-5)
+
+
 def test_varlen_attention_refuses_offsets_that_do_not_cover_the_rows():
     qkv = torch.zeros((10, 3 * 32))
     with pytest.raises(ValueError, match="cu_seqlens"):

@@ -74,16 +74,18 @@ def varlen_attention(qkv: torch.Tensor, cu_seqlens: torch.Tensor, heads: int, sc
 
 
 def add_layernorm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                  eps: float, *, in_place: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(LayerNorm(x + res) * weight + bias in x's dtype, the same in fp32): x [rows, n] in bf16 or fp32 (a GEMM's
     output), res [rows, n] fp32 (the residual stream), weight and bias fp32. The fp32 result is the next residual;
-    the other the next GEMM's input (the same tensor when x is fp32)."""
+    the other the next GEMM's input (the same tensor when x is fp32). `in_place`: the fp32 result is written over
+    `res` (contiguous; each row is read whole before it is written) and returned as it."""
     _rows(x)
     _rows(res)
     if x.shape != res.shape or res.dtype != torch.float32 or weight.dtype != torch.float32 or bias.dtype != torch.float32:
         raise ValueError("add_layernorm: res, weight and bias must be fp32 and x the shape of res")
     bf = _bf(x)
-    res_out = torch.empty(x.shape, dtype=torch.float32)
+    # NOTE: in place saves a fresh [rows, n] fp32 tensor a call (its pages faulted in and zeroed by the kernel)
+    res_out = res if in_place and res.is_contiguous() else torch.empty(x.shape, dtype=torch.float32)
     out = torch.empty_like(x) if bf else res_out
     w, b = weight.contiguous(), bias.contiguous()
     if _lib().add_layernorm(x.data_ptr(), x.stride(0), res.data_ptr(), res.stride(0), out.data_ptr(), out.stride(0),

@@ -85,6 +85,6 @@ class PackedBert:
             x = res.to(self.word.dtype)
             for layer in self.layers:
                 ctx = encoder_ops.varlen_attention(layer.qkv(x), cu_seqlens, self.heads, self.scale)
-                x, res = encoder_ops.add_layernorm(layer.attn_out(ctx), res, *layer.attn_norm)
-                x, res = encoder_ops.add_layernorm(layer.down(layer.up(x)), res, *layer.out_norm)
+                x, res = encoder_ops.add_layernorm(layer.attn_out(ctx), res, *layer.attn_norm, in_place=True)
+                x, res = encoder_ops.add_layernorm(layer.down(layer.up(x)), res, *layer.out_norm, in_place=True)
         return res
