@@ -303,8 +303,7 @@ class TorchModelRunner:
         model's dtype (the sampler upcasts when it does more than take the maximum). With `scored`, the
         prompt logprobs the plan's chunks ask for go there as (chunk index, logprobs, ranks); with `pooled`, the
         hidden-state rows of pooling chunks as chunk index -> float32 host tensor (core/pooling.py)."""
-        if not self.kv:
-            raise RuntimeError("allocate_kv_cache() must be called before execute()")
+        # NOTE: no K/V yet is _build's error (CUDA graphs exist only after allocate_kv_cache)
         with torch.inference_mode():
             if self.graphs is not None and self.graphs.supports(plan, len(self.groups)) and not (
                     self.lora is not None and lora_runner.plan_has_lora(plan)):   # decode: static batches
